@@ -1,0 +1,206 @@
+"""MNIST as a LightningDataModule: files checked up front, a seeded train/val split, the test set for predict."""
+
+import os
+from math import prod
+from pathlib import Path
+from typing import Literal
+
+import lightning as L
+import torch
+from PIL import Image
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset, random_split
+from torchvision import transforms
+from torchvision.datasets import MNIST
+
+MEAN, STD = 0.1307, 0.3081
+# The four IDX files torchvision's MNIST reads from <data_dir>/MNIST/raw/, with their dimensionality.
+IDX_FILES = {
+    "train-images-idx3-ubyte": 3,
+    "train-labels-idx1-ubyte": 1,
+    "t10k-images-idx3-ubyte": 3,
+    "t10k-labels-idx1-ubyte": 1,
+}
+HOW_TO_PROVIDE = (
+    "Put the four uncompressed IDX files there, or point the project at a folder that holds "
+    "MNIST/raw/ with `export PATH_DATASETS=/path/to/data` or `--data.data_dir /path/to/data`."
+)
+
+
+class MNISTDataError(RuntimeError):
+    """The MNIST files are missing, cannot be downloaded, or are malformed."""
+
+
+def read_idx(path: Path, ndim: int) -> Tensor:
+    """Read an uint8 IDX file, checking its header and length against each other.
+
+    Args:
+        path: The IDX file.
+        ndim: Expected number of dimensions (3 for images, 1 for labels).
+
+    Returns:
+        A uint8 tensor of the shape the header gives.
+
+    Raises:
+        MNISTDataError: naming the file, if it is not a uint8 IDX file of ``ndim`` dimensions or is truncated.
+    """
+    data = path.read_bytes()
+    header = 4 * (1 + ndim)
+    # Magic number: two zero bytes, the element type (0x08 = uint8), the number of dimensions.
+    if len(data) < header or data[:4] != bytes([0, 0, 0x08, ndim]):
+        raise MNISTDataError(
+            f"{path} is not a uint8 IDX file with {ndim} dimension(s) (bad header). "
+            f"Replace it with the original MNIST file. {HOW_TO_PROVIDE}"
+        )
+    shape = [int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
+    expected = header + prod(shape)
+    if len(data) != expected:
+        raise MNISTDataError(
+            f"{path} is truncated or corrupt: its header promises shape {tuple(shape)} ({expected} bytes) "
+            f"but the file has {len(data)} bytes. Replace it with the original MNIST file."
+        )
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8, offset=header).view(*shape)
+
+
+def load_split(raw_dir: Path, prefix: str) -> tuple[Tensor, Tensor]:
+    """Read and cross-check one split (``prefix`` "train" or "t10k"): images (N, 28, 28) uint8, labels (N,) int64."""
+    images_path = raw_dir / f"{prefix}-images-idx3-ubyte"
+    labels_path = raw_dir / f"{prefix}-labels-idx1-ubyte"
+    images = read_idx(images_path, 3)
+    labels = read_idx(labels_path, 1).long()
+    if images.shape[0] != labels.shape[0]:
+        raise MNISTDataError(
+            f"{images_path} holds {images.shape[0]} images but {labels_path} holds {labels.shape[0]} labels."
+        )
+    if labels.numel() and int(labels.max()) > 9:
+        raise MNISTDataError(f"{labels_path} holds label {int(labels.max())}; MNIST labels are 0-9.")
+    return images, labels
+
+
+class ImageDataset(Dataset):
+    """Images (N, H, W) uint8 with labels (N,), each image passed through a torchvision transform as a PIL image.
+
+    This is what ``torchvision.datasets.MNIST`` does per item, minus its re-reading of the files.
+    """
+
+    def __init__(self, images: Tensor, labels: Tensor, transform: transforms.Compose) -> None:
+        self.images = images
+        self.labels = labels
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[Tensor, int]:
+        return self.transform(Image.fromarray(self.images[index].numpy(), mode="L")), int(self.labels[index])
+
+
+class MNISTDataModule(L.LightningDataModule):
+    """MNIST loaded through torchvision, normalised with mean 0.1307 / std 0.3081.
+
+    Args:
+        data_dir: Folder holding ``MNIST/raw/``; ``None`` means ``$PATH_DATASETS``, else ``data/``.
+        batch_size: Samples per batch (per process under DDP).
+        num_workers: DataLoader worker processes.
+        pin_memory: Pin host memory for faster copies to a GPU.
+        val_size: Images held out of the 60k training set for validation.
+        seed: Seed of the train/val split (independent of the global seed).
+        predict_split: Which split ``predict`` runs on.
+        download: Download the files in ``prepare_data`` when they are missing.
+    """
+
+    def __init__(
+        self,
+        data_dir: str | None = None,
+        batch_size: int = 64,
+        num_workers: int = 2,
+        pin_memory: bool = False,
+        val_size: int = 5000,
+        seed: int = 42,
+        predict_split: Literal["train", "val", "test"] = "test",
+        download: bool = True,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.data_dir = Path(data_dir if data_dir is not None else os.environ.get("PATH_DATASETS", "data"))
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.pin_memory = pin_memory
+        self.val_size = val_size
+        self.seed = seed
+        self.predict_split = predict_split
+        self.download = download
+        self.transform = transforms.Compose([transforms.ToTensor(), transforms.Normalize((MEAN,), (STD,))])
+        self.splits: dict[str, Dataset] = {}
+
+    @property
+    def num_classes(self) -> int:
+        return 10
+
+    @property
+    def raw_dir(self) -> Path:
+        return self.data_dir / "MNIST" / "raw"
+
+    def _missing_files(self) -> list[str]:
+        return [name for name in IDX_FILES if not (self.raw_dir / name).is_file()]
+
+    def prepare_data(self) -> None:
+        """Download the files if any is missing; when all four are there, touch nothing (the folder may be read-only)."""
+        missing = self._missing_files()
+        if not missing:
+            return
+        error = "downloading is off (--data.download false)"
+        if self.download:
+            try:
+                MNIST(self.data_dir, train=True, download=True)
+                MNIST(self.data_dir, train=False, download=True)
+            except Exception as exc:  # urllib, HTTP, checksum and permission errors all end here
+                error = f"the download failed: {type(exc).__name__}: {str(exc).strip().splitlines()[-1]}"
+            missing = self._missing_files()
+        if missing:
+            raise MNISTDataError(
+                f"MNIST files missing from {self.raw_dir.resolve()}: {', '.join(missing)}; {error}. {HOW_TO_PROVIDE}"
+            )
+
+    def setup(self, stage: str) -> None:
+        """Check the files and build the datasets; runs on every process, before any training step."""
+        missing = self._missing_files()
+        if missing:  # prepare_data runs on one process per node only, so say it again here.
+            raise MNISTDataError(
+                f"MNIST files missing from {self.raw_dir.resolve()}: {', '.join(missing)}. {HOW_TO_PROVIDE}"
+            )
+        if stage in ("fit", "validate") or (stage == "predict" and self.predict_split != "test"):
+            images, labels = load_split(self.raw_dir, "train")
+            if not 0 < self.val_size < len(images):
+                raise MNISTDataError(
+                    f"data.val_size={self.val_size} must be between 1 and {len(images) - 1} "
+                    f"(the training set in {self.raw_dir} has {len(images)} images)."
+                )
+            full = ImageDataset(images, labels, self.transform)
+            generator = torch.Generator().manual_seed(self.seed)
+            train, val = random_split(full, [len(full) - self.val_size, self.val_size], generator=generator)
+            self.splits.update(train=train, val=val)
+        if stage in ("test", "predict"):
+            self.splits["test"] = ImageDataset(*load_split(self.raw_dir, "t10k"), self.transform)
+
+    def _loader(self, split: str, shuffle: bool = False) -> DataLoader:
+        return DataLoader(
+            self.splits[split],
+            batch_size=self.batch_size,
+            shuffle=shuffle,
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+            persistent_workers=self.num_workers > 0,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val")
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test")
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader(self.predict_split)

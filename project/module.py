@@ -1,0 +1,110 @@
+"""The LightningModule: wraps an injected network with the loss, metrics and optimisation recipe."""
+
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from torch import Tensor, nn
+from torchmetrics import MaxMetric
+from torchmetrics.classification import MulticlassAccuracy
+
+from project.net import CNN
+
+Batch = tuple[Tensor, Tensor]
+
+
+class MNISTClassifier(L.LightningModule):
+    """Image classifier trained with cross-entropy on the logits of ``net``.
+
+    Args:
+        net: The network, mapping images (B, C, H, W) to logits (B, num_classes); ``None`` builds the
+            default ``CNN``. From the CLI: ``--model.net.class_path`` / ``--model.net.init_args.*``.
+        num_classes: Number of classes; linked from ``data.num_classes`` by the CLI.
+        optimizer: Factory ``params -> Optimizer``; ``None`` means AdamW(lr=1e-3, weight_decay=1e-4).
+        scheduler: Factory ``optimizer -> LRScheduler``, or ``None`` for a constant learning rate.
+            A scheduler with a ``monitor`` attribute (``lightning.pytorch.cli.ReduceLROnPlateau``) is
+            stepped on that metric.
+        scheduler_interval: Step the scheduler every ``"epoch"`` or every ``"step"``.
+    """
+
+    def __init__(
+        self,
+        net: nn.Module | None = None,
+        num_classes: int = 10,
+        optimizer: OptimizerCallable | None = None,
+        scheduler: LRSchedulerCallable | None = None,
+        scheduler_interval: str = "epoch",
+    ) -> None:
+        super().__init__()
+        if scheduler_interval not in ("epoch", "step"):
+            raise ValueError(f"model.scheduler_interval must be 'epoch' or 'step', got {scheduler_interval!r}")
+        # Under LightningCLI the hparams are the config (class paths and init args), which is what lets
+        # `MNISTClassifier.load_from_checkpoint(path)` rebuild an injected net with no other argument.
+        self.save_hyperparameters()
+        self.net = net if net is not None else CNN(num_classes=num_classes)
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.scheduler_interval = scheduler_interval
+        self.loss_fn = nn.CrossEntropyLoss()  # takes logits: log-softmax is inside
+        # One metric object per stage: torchmetrics keeps running state that must not mix stages.
+        self.train_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.val_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.test_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.val_acc_best = MaxMetric()
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Return logits (B, num_classes) for normalised images (B, C, H, W)."""
+        return self.net(x)
+
+    def on_train_start(self) -> None:
+        # The sanity-check validation run must not count towards the best accuracy.
+        self.val_acc_best.reset()
+
+    def _shared_step(self, batch: Batch, stage: str) -> Tensor:
+        x, y = batch
+        logits = self(x)
+        loss = self.loss_fn(logits, y)
+        acc = getattr(self, f"{stage}_acc")
+        acc(logits, y)
+        on_step = stage == "train"
+        # Epoch values are averaged across DDP ranks; per-step training values stay local (no sync cost).
+        self.log(f"{stage}/loss", loss, on_step=on_step, on_epoch=True, prog_bar=True, sync_dist=True)
+        self.log(f"{stage}/acc", acc, on_step=False, on_epoch=True, prog_bar=True)
+        return loss
+
+    def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
+        return self._shared_step(batch, "train")
+
+    def validation_step(self, batch: Batch, batch_idx: int) -> Tensor:
+        return self._shared_step(batch, "val")
+
+    def on_validation_epoch_end(self) -> None:
+        if self.trainer.sanity_checking:
+            return
+        self.val_acc_best(self.val_acc.compute())
+        self.log("val/acc_best", self.val_acc_best.compute(), prog_bar=True, sync_dist=True)
+
+    def test_step(self, batch: Batch, batch_idx: int) -> Tensor:
+        return self._shared_step(batch, "test")
+
+    def predict_step(self, batch: Batch | Tensor, batch_idx: int) -> dict[str, Tensor]:
+        """Return ``preds`` (B,) class indices and ``probs`` (B, num_classes) softmax probabilities."""
+        x = batch[0] if isinstance(batch, (tuple, list)) else batch
+        probs = self(x).float().softmax(dim=-1)
+        return {"preds": probs.argmax(dim=-1), "probs": probs}
+
+    def configure_optimizers(self) -> Any:
+        params = self.parameters()
+        if self.optimizer is None:
+            optimizer = torch.optim.AdamW(params, lr=1e-3, weight_decay=1e-4)
+        else:
+            optimizer = self.optimizer(params)
+        if self.scheduler is None:
+            return optimizer
+        scheduler = self.scheduler(optimizer)
+        config = {"scheduler": scheduler, "interval": self.scheduler_interval}
+        monitor = getattr(scheduler, "monitor", None)
+        if monitor is not None:
+            config["monitor"] = monitor
+        return {"optimizer": optimizer, "lr_scheduler": config}

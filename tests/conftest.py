@@ -1,0 +1,83 @@
+"""Shared fixtures: a small synthetic MNIST in the real IDX format, and a helper to drive the CLI in-process."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from project.cli import cli_main
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_CONFIG = str(ROOT / "configs" / "default.yaml")
+N_TRAIN, N_TEST = 192, 96
+
+
+def write_idx(path: Path, array: torch.Tensor) -> None:
+    """Write a uint8 tensor as an IDX file: magic (0, 0, 0x08, ndim), big-endian dims, then the bytes."""
+    header = bytes([0, 0, 0x08, array.dim()]) + b"".join(d.to_bytes(4, "big") for d in array.shape)
+    path.write_bytes(header + array.to(torch.uint8).contiguous().numpy().tobytes())
+
+
+def synthetic_digits(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Images (n, 28, 28) uint8 in which class k is a bright bar at row 2k+4 over noise: learnable in a few steps."""
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.arange(n) % 10
+    images = torch.randint(0, 60, (n, 28, 28), generator=g)
+    for i, k in enumerate(labels.tolist()):
+        images[i, 2 * k + 4 : 2 * k + 6, 4:24] = 255
+    return images.to(torch.uint8), labels.to(torch.uint8)
+
+
+def make_mnist(root: Path) -> Path:
+    """Write the four MNIST IDX files under ``root/MNIST/raw`` and return ``root``."""
+    raw = root / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    for prefix, n, seed in (("train", N_TRAIN, 0), ("t10k", N_TEST, 1)):
+        images, labels = synthetic_digits(n, seed)
+        write_idx(raw / f"{prefix}-images-idx3-ubyte", images)
+        write_idx(raw / f"{prefix}-labels-idx1-ubyte", labels)
+    return root
+
+
+@pytest.fixture(scope="session")
+def mnist_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A read-only synthetic MNIST shared by the tests that only read it."""
+    root = make_mnist(tmp_path_factory.mktemp("mnist"))
+    raw = root / "MNIST" / "raw"
+    for f in raw.iterdir():
+        f.chmod(0o444)
+    raw.chmod(0o555)
+    return root
+
+
+@pytest.fixture
+def fresh_mnist_dir(tmp_path: Path) -> Path:
+    """A writable synthetic MNIST that a test may damage."""
+    return make_mnist(tmp_path / "data")
+
+
+@pytest.fixture
+def run_cli(mnist_dir: Path, tmp_path: Path):
+    """Run ``cli_main`` with the default config on the synthetic data, tiny limits and logs under tmp_path."""
+
+    def run(subcommand: str, *extra: str, config: tuple[str, ...] = ()):
+        args = [subcommand, "--config", DEFAULT_CONFIG]
+        for c in config:
+            args += ["--config", str(ROOT / "configs" / c)]
+        args += [
+            f"--data.data_dir={mnist_dir}",
+            "--data.val_size=64",
+            "--data.num_workers=0",
+            "--data.batch_size=32",
+            f"--trainer.logger.init_args.save_dir={tmp_path / 'logs'}",
+            "--trainer.limit_train_batches=3",
+            "--trainer.limit_val_batches=2",
+            "--trainer.limit_test_batches=2",
+            "--trainer.limit_predict_batches=2",
+            "--trainer.max_epochs=1",
+            "--trainer.num_sanity_val_steps=0",
+            "--trainer.enable_model_summary=false",
+        ]
+        return cli_main([*args, *extra])
+
+    return run

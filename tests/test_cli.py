@@ -1,0 +1,114 @@
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from project.cli import cli_main
+from project.module import MNISTClassifier
+from project.net import CNN
+from tests.conftest import DEFAULT_CONFIG, ROOT
+
+CONFIGS = sorted(p.name for p in (ROOT / "configs").glob("*.yaml"))
+
+
+def best_checkpoint(cli) -> str:
+    path = cli.trainer.checkpoint_callback.best_model_path
+    assert path and Path(path).is_file()
+    return path
+
+
+@pytest.mark.parametrize("overlay", CONFIGS)
+def test_every_config_parses(overlay, capsys):
+    configs = ["--config", DEFAULT_CONFIG]
+    if overlay != "default.yaml":
+        configs += ["--config", str(ROOT / "configs" / overlay)]
+    with pytest.raises(SystemExit) as info:
+        cli_main(["fit", *configs, "--print_config"])
+    assert info.value.code == 0
+    printed = capsys.readouterr().out
+    assert "model:" in printed and "data_dir: null" in printed
+
+
+def test_fit_validate_test_predict(run_cli):
+    cli = run_cli("fit")
+    metrics = cli.trainer.callback_metrics
+    for key in ("train/loss", "train/acc", "val/loss", "val/acc", "val/acc_best"):
+        assert key in metrics, key
+    log_dir = Path(cli.trainer.log_dir)
+    assert (log_dir / "checkpoints" / "last.ckpt").is_file()
+    assert (log_dir / "config.yaml").is_file()
+    assert any(log_dir.glob("events.out.tfevents.*"))
+    ckpt = best_checkpoint(cli)
+
+    cli = run_cli("validate", f"--ckpt_path={ckpt}")
+    assert "val/acc" in cli.trainer.callback_metrics
+    cli = run_cli("test", f"--ckpt_path={ckpt}")
+    assert {"test/loss", "test/acc"} <= set(cli.trainer.callback_metrics)
+
+    cli = run_cli("predict", f"--ckpt_path={ckpt}")
+    batches = cli.trainer.predict_loop.predictions
+    assert len(batches) == 2
+    assert batches[0]["preds"].shape == (32,) and batches[0]["probs"].shape == (32, 10)
+
+
+@pytest.mark.parametrize("overlay", ["plateau.yaml", "sgd.yaml"])
+def test_optimizer_and_scheduler_configs_train(run_cli, overlay):
+    cli = run_cli("fit", "--trainer.max_epochs=2", config=(overlay,))
+    optimizer = cli.trainer.optimizers[0]
+    scheduler = cli.trainer.lr_scheduler_configs[0]
+    if overlay == "plateau.yaml":
+        assert isinstance(scheduler.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+        assert scheduler.monitor == "val/loss"
+    else:
+        assert isinstance(optimizer, torch.optim.SGD) and optimizer.defaults["nesterov"]
+        assert isinstance(scheduler.scheduler, torch.optim.lr_scheduler.CosineAnnealingLR)
+    assert cli.trainer.current_epoch == 2
+
+
+def test_default_recipe_is_adamw_with_cosine(run_cli):
+    cli = run_cli("fit")
+    optimizer = cli.trainer.optimizers[0]
+    assert isinstance(optimizer, torch.optim.AdamW)
+    assert optimizer.defaults["lr"] == 1e-3 and optimizer.defaults["weight_decay"] == 1e-4
+    assert isinstance(cli.trainer.lr_scheduler_configs[0].scheduler, torch.optim.lr_scheduler.CosineAnnealingLR)
+    assert cli.trainer.gradient_clip_val == 1.0
+
+
+def test_checkpoint_round_trip_rebuilds_injected_net(run_cli, mnist_dir):
+    cli = run_cli("fit", "--model.net.init_args.hidden=24", "--model.net.init_args.channels=[8, 16]")
+    ckpt = best_checkpoint(cli)
+    trained = cli.model.eval()
+
+    loaded = MNISTClassifier.load_from_checkpoint(ckpt, map_location="cpu").eval()  # no other argument
+    assert isinstance(loaded.net, CNN)
+    assert loaded.net.classifier[1].out_features == 24
+    x = next(iter(cli.datamodule.val_dataloader()))[0]
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), trained(x))
+
+    # `test --ckpt_path` with the default config rebuilds the smaller net from the checkpoint's hparams.
+    cli = run_cli("test", f"--ckpt_path={ckpt}")
+    assert cli.model.net.classifier[1].out_features == 24
+
+
+def test_fit_ckpt_path_resumes(run_cli):
+    first = run_cli("fit")
+    last = Path(first.trainer.log_dir) / "checkpoints" / "last.ckpt"
+    steps = first.trainer.global_step
+    resumed = run_cli("fit", "--trainer.max_epochs=2", f"--ckpt_path={last}")
+    assert resumed.trainer.current_epoch == 2
+    assert resumed.trainer.global_step == 2 * steps
+
+
+def test_bad_config_key_is_refused_before_training(run_cli, capsys):
+    with pytest.raises(SystemExit):
+        run_cli("fit", "--model.net.init_args.hiden=24")
+    assert "hiden" in capsys.readouterr().err
+
+
+def test_module_entry_point_and_console_script():
+    for cmd in ([sys.executable, "-m", "project", "--help"], [str(Path(sys.executable).parent / "project"), "--help"]):
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+        assert "fit" in out and "predict" in out

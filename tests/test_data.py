@@ -1,0 +1,125 @@
+from pathlib import Path
+from urllib.error import URLError
+
+import pytest
+import torch
+from torchvision.datasets import MNIST
+
+from project.data import IDX_FILES, MEAN, STD, MNISTDataError, MNISTDataModule
+from tests.conftest import N_TEST, N_TRAIN
+
+
+def test_init_does_no_io_and_defaults_to_path_datasets(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH_DATASETS", str(tmp_path / "nowhere"))
+    dm = MNISTDataModule()
+    assert dm.data_dir == tmp_path / "nowhere"
+    assert not (tmp_path / "nowhere").exists()
+    monkeypatch.delenv("PATH_DATASETS")
+    assert MNISTDataModule().data_dir == Path("data")
+    assert MNISTDataModule(data_dir="/x").data_dir == Path("/x")
+
+
+def test_seeded_split_and_normalisation(mnist_dir):
+    dm = MNISTDataModule(data_dir=str(mnist_dir), val_size=32, batch_size=16, num_workers=0)
+    dm.prepare_data()
+    dm.setup("fit")
+    assert (len(dm.splits["train"]), len(dm.splits["val"])) == (N_TRAIN - 32, 32)
+    again = MNISTDataModule(data_dir=str(mnist_dir), val_size=32)
+    again.setup("fit")
+    assert dm.splits["val"].indices == again.splits["val"].indices
+    other = MNISTDataModule(data_dir=str(mnist_dir), val_size=32, seed=7)
+    other.setup("fit")
+    assert dm.splits["val"].indices != other.splits["val"].indices
+
+    x, y = next(iter(dm.train_dataloader()))
+    assert x.shape == (16, 1, 28, 28) and x.dtype == torch.float32 and y.dtype == torch.long
+    # A pixel of value 0 maps to -mean/std, 255 to (1-mean)/std.
+    assert x.min().item() == pytest.approx(-MEAN / STD, abs=1e-5)
+    assert x.max().item() == pytest.approx((1 - MEAN) / STD, abs=1e-5)
+
+
+def test_same_tensors_as_torchvision_mnist(mnist_dir):
+    dm = MNISTDataModule(data_dir=str(mnist_dir), num_workers=0)
+    dm.setup("test")
+    reference = MNIST(str(mnist_dir), train=False, transform=dm.transform)
+    for i in (0, 5, N_TEST - 1):
+        x, y = dm.splits["test"][i]
+        x_ref, y_ref = reference[i]
+        assert torch.equal(x, x_ref) and y == y_ref
+
+
+def test_predict_uses_the_test_set_unless_told(mnist_dir):
+    dm = MNISTDataModule(data_dir=str(mnist_dir), num_workers=0)
+    dm.setup("predict")
+    assert len(dm.predict_dataloader().dataset) == N_TEST
+    dm = MNISTDataModule(data_dir=str(mnist_dir), num_workers=0, val_size=20, predict_split="val")
+    dm.setup("predict")
+    assert len(dm.predict_dataloader().dataset) == 20
+
+
+def test_offline_read_only_folder_is_left_untouched(mnist_dir, monkeypatch):
+    def no_network(*args, **kwargs):
+        raise AssertionError("tried to download")
+
+    monkeypatch.setattr(MNIST, "download", no_network)
+    raw = mnist_dir / "MNIST" / "raw"
+    before = {p.name: p.stat().st_mtime_ns for p in raw.iterdir()}
+    dm = MNISTDataModule(data_dir=str(mnist_dir), val_size=32)
+    dm.prepare_data()
+    dm.setup("fit")
+    dm.setup("test")
+    assert {p.name: p.stat().st_mtime_ns for p in raw.iterdir()} == before
+    assert sorted(p.name for p in (mnist_dir / "MNIST").iterdir()) == ["raw"]
+
+
+def test_missing_files_error_names_files_folder_and_remedy(tmp_path):
+    dm = MNISTDataModule(data_dir=str(tmp_path), download=False)
+    with pytest.raises(MNISTDataError) as info:
+        dm.prepare_data()
+    message = str(info.value)
+    for name in IDX_FILES:
+        assert name in message
+    assert str((tmp_path / "MNIST" / "raw").resolve()) in message
+    assert "PATH_DATASETS" in message and "--data.data_dir" in message
+
+
+def test_failed_download_is_one_clear_error(tmp_path, monkeypatch):
+    def unreachable(self):
+        raise RuntimeError("Error downloading train-images-idx3-ubyte.gz:\nTried mirror, got:\n" + str(URLError("x")))
+
+    monkeypatch.setattr(MNIST, "download", unreachable)
+    dm = MNISTDataModule(data_dir=str(tmp_path))
+    with pytest.raises(MNISTDataError, match="download failed") as info:
+        dm.prepare_data()
+    assert "train-labels-idx1-ubyte" in str(info.value) and "PATH_DATASETS" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "damage", "expected"),
+    [
+        ("train-images-idx3-ubyte", lambda b: b[: len(b) // 2], "truncated"),
+        ("t10k-labels-idx1-ubyte", lambda b: b[:-1], "truncated"),
+        ("t10k-images-idx3-ubyte", lambda b: b"\x1f\x8b" + b[2:], "bad header"),
+        ("train-labels-idx1-ubyte", lambda b: b[:3], "bad header"),
+    ],
+)
+def test_corrupt_file_is_named_before_training(fresh_mnist_dir, name, damage, expected):
+    path = fresh_mnist_dir / "MNIST" / "raw" / name
+    path.write_bytes(damage(path.read_bytes()))
+    dm = MNISTDataModule(data_dir=str(fresh_mnist_dir), download=False)
+    dm.prepare_data()  # the files are all there: nothing to download
+    stage = "fit" if name.startswith("train") else "test"
+    with pytest.raises(MNISTDataError, match=expected) as info:
+        dm.setup(stage)
+    assert str(path) in str(info.value)
+
+
+def test_label_count_mismatch_and_bad_val_size(fresh_mnist_dir):
+    raw = fresh_mnist_dir / "MNIST" / "raw"
+    labels = raw / "t10k-labels-idx1-ubyte"
+    data = labels.read_bytes()
+    labels.write_bytes(data[:4] + (N_TEST - 1).to_bytes(4, "big") + data[8:-1])
+    with pytest.raises(MNISTDataError, match="labels"):
+        MNISTDataModule(data_dir=str(fresh_mnist_dir)).setup("test")
+    with pytest.raises(MNISTDataError, match="val_size"):
+        MNISTDataModule(data_dir=str(fresh_mnist_dir), val_size=N_TRAIN).setup("fit")

@@ -1,0 +1,34 @@
+import torch
+from lightning.pytorch.cli import ReduceLROnPlateau
+
+from project.module import MNISTClassifier
+from project.net import CNN
+
+
+def test_predict_step_returns_classes_and_probabilities():
+    model = MNISTClassifier(net=CNN(num_classes=10)).eval()
+    x, y = torch.randn(6, 1, 28, 28), torch.zeros(6, dtype=torch.long)
+    for batch in ((x, y), x):
+        out = model.predict_step(batch, 0)
+        assert out["preds"].shape == (6,) and out["preds"].dtype == torch.long
+        assert out["probs"].shape == (6, 10)
+        torch.testing.assert_close(out["probs"].sum(dim=1), torch.ones(6))
+        assert torch.equal(out["preds"], out["probs"].argmax(dim=1))
+
+
+def test_default_optimizer_is_adamw_without_scheduler():
+    model = MNISTClassifier()
+    optimizer = model.configure_optimizers()
+    assert isinstance(optimizer, torch.optim.AdamW)
+    assert optimizer.defaults["lr"] == 1e-3 and optimizer.defaults["weight_decay"] == 1e-4
+
+
+def test_injected_optimizer_and_plateau_scheduler_carry_their_monitor():
+    model = MNISTClassifier(
+        optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+        scheduler=lambda o: ReduceLROnPlateau(o, monitor="val/loss"),
+    )
+    config = model.configure_optimizers()
+    assert isinstance(config["optimizer"], torch.optim.SGD)
+    assert config["lr_scheduler"]["monitor"] == "val/loss"
+    assert config["lr_scheduler"]["interval"] == "epoch"

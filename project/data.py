@@ -145,7 +145,7 @@ class MNISTDataModule(L.LightningDataModule):
         return [name for name in IDX_FILES if not (self.raw_dir / name).is_file()]
 
     def prepare_data(self) -> None:
-        """Download the files if any is missing; when all four are there, touch nothing (the folder may be read-only)."""
+        """Download missing files; when all four are there, touch nothing (the folder may be read-only)."""
         missing = self._missing_files()
         if not missing:
             return

@@ -6,7 +6,7 @@ from torch import Tensor, nn
 class CNN(nn.Module):
     """The classic two-convolution MNIST network.
 
-    Conv(1→c1, 3×3) → ReLU → MaxPool(2) → Conv(c1→c2, 3×3) → ReLU → MaxPool(2) → Flatten →
+    Conv(1→c1, 3x3) → ReLU → MaxPool(2) → Conv(c1→c2, 3x3) → ReLU → MaxPool(2) → Flatten →
     Linear(c2·7·7→hidden) → ReLU → [Dropout] → Linear(hidden→num_classes).
 
     Args:

@@ -1,12 +1,15 @@
 """MNIST as a LightningDataModule: files checked up front, a seeded train/val split, the test set for predict."""
 
+import math
 import os
+from collections.abc import Callable
 from math import prod
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import lightning as L
 import torch
+import torch.nn.functional as F
 from PIL import Image
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, random_split
@@ -77,13 +80,13 @@ def load_split(raw_dir: Path, prefix: str) -> tuple[Tensor, Tensor]:
     return images, labels
 
 
-class ImageDataset(Dataset):
+class PILImageDataset(Dataset):
     """Images (N, H, W) uint8 with labels (N,), each image passed through a torchvision transform as a PIL image.
 
-    This is what ``torchvision.datasets.MNIST`` does per item, minus its re-reading of the files.
+    This is what ``torchvision.datasets.MNIST`` does per item (minus re-reading the files): the slow, general path.
     """
 
-    def __init__(self, images: Tensor, labels: Tensor, transform: transforms.Compose) -> None:
+    def __init__(self, images: Tensor, labels: Tensor, transform: Callable[[Image.Image], Tensor]) -> None:
         self.images = images
         self.labels = labels
         self.transform = transform
@@ -93,6 +96,58 @@ class ImageDataset(Dataset):
 
     def __getitem__(self, index: int) -> tuple[Tensor, int]:
         return self.transform(Image.fromarray(self.images[index].numpy(), mode="L")), int(self.labels[index])
+
+
+class InMemoryDataset(Dataset):
+    """Images (N, H, W) uint8 and labels (N,) held as two tensors, fetched a whole batch at a time.
+
+    The DataLoader calls ``__getitems__`` with the batch's indices, so a batch costs one gather instead of
+    ``batch_size`` PIL round trips; normalisation happens later, per batch, on the target device
+    (``MNISTDataModule.on_after_batch_transfer``). Samplers, and so DDP sharding, work as for any dataset.
+    """
+
+    def __init__(self, images: Tensor, labels: Tensor) -> None:
+        self.images = images
+        self.labels = labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
+        return self.images[index], self.labels[index]
+
+    def __getitems__(self, indices: list[int]) -> tuple[Tensor, Tensor]:
+        index = torch.as_tensor(indices)
+        return self.images[index], self.labels[index]  # (B, H, W) uint8, (B,) int64
+
+
+def keep_batch(batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+    """Collate function for ``InMemoryDataset``: ``__getitems__`` already returns the batch."""
+    return batch
+
+
+def normalize(images: Tensor) -> Tensor:
+    """uint8 images (B, H, W) → float (B, 1, H, W), with exactly the arithmetic of ToTensor + Normalize."""
+    return images.unsqueeze(1).float().div(255).sub(MEAN).div(STD)
+
+
+def random_shift_rotate(x: Tensor, max_shift: float = 2.0, max_degrees: float = 10.0) -> Tensor:
+    """Shift each image by up to ``max_shift`` pixels and rotate it by up to ``max_degrees``, on x's device.
+
+    Args:
+        x: Normalised images (B, C, H, W); the border is filled with the background value (pixel 0).
+        max_shift: Largest translation in pixels along each axis.
+        max_degrees: Largest rotation in degrees, either way.
+    """
+    b, _, h, w = x.shape
+    angle = (torch.rand(b, device=x.device) * 2 - 1) * math.radians(max_degrees)
+    # affine_grid works in [-1, 1] coordinates: one pixel is 2 / size.
+    shift = (torch.rand(b, 2, device=x.device) * 2 - 1) * max_shift * 2 / torch.tensor([w, h], device=x.device)
+    cos, sin = angle.cos(), angle.sin()
+    theta = torch.stack([torch.stack([cos, -sin, shift[:, 0]], 1), torch.stack([sin, cos, shift[:, 1]], 1)], 1)
+    grid = F.affine_grid(theta.to(x.dtype), list(x.shape), align_corners=False)
+    background = -MEAN / STD
+    return F.grid_sample(x - background, grid, align_corners=False, padding_mode="zeros") + background
 
 
 class MNISTDataModule(L.LightningDataModule):
@@ -107,18 +162,23 @@ class MNISTDataModule(L.LightningDataModule):
         seed: Seed of the train/val split (independent of the global seed).
         predict_split: Which split ``predict`` runs on.
         download: Download the files in ``prepare_data`` when they are missing.
+        in_memory: Keep the images as one uint8 tensor, gather whole batches and normalise them on the target
+            device (fast); ``False`` uses the per-image PIL + torchvision transform path.
+        augment: Random shifts (±2 px) and rotations (±10°) of training batches, on the device.
     """
 
     def __init__(
         self,
         data_dir: str | None = None,
         batch_size: int = 64,
-        num_workers: int = 2,
+        num_workers: int = 0,
         pin_memory: bool = False,
         val_size: int = 5000,
         seed: int = 42,
         predict_split: Literal["train", "val", "test"] = "test",
         download: bool = True,
+        in_memory: bool = True,
+        augment: bool = False,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -130,6 +190,8 @@ class MNISTDataModule(L.LightningDataModule):
         self.seed = seed
         self.predict_split = predict_split
         self.download = download
+        self.in_memory = in_memory
+        self.augment = augment
         self.transform = transforms.Compose([transforms.ToTensor(), transforms.Normalize((MEAN,), (STD,))])
         self.splits: dict[str, Dataset] = {}
 
@@ -176,12 +238,15 @@ class MNISTDataModule(L.LightningDataModule):
                     f"data.val_size={self.val_size} must be between 1 and {len(images) - 1} "
                     f"(the training set in {self.raw_dir} has {len(images)} images)."
                 )
-            full = ImageDataset(images, labels, self.transform)
+            full = self._dataset(images, labels)
             generator = torch.Generator().manual_seed(self.seed)
             train, val = random_split(full, [len(full) - self.val_size, self.val_size], generator=generator)
             self.splits.update(train=train, val=val)
         if stage in ("test", "predict"):
-            self.splits["test"] = ImageDataset(*load_split(self.raw_dir, "t10k"), self.transform)
+            self.splits["test"] = self._dataset(*load_split(self.raw_dir, "t10k"))
+
+    def _dataset(self, images: Tensor, labels: Tensor) -> Dataset:
+        return InMemoryDataset(images, labels) if self.in_memory else PILImageDataset(images, labels, self.transform)
 
     def _loader(self, split: str, shuffle: bool = False) -> DataLoader:
         return DataLoader(
@@ -191,6 +256,7 @@ class MNISTDataModule(L.LightningDataModule):
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
             persistent_workers=self.num_workers > 0,
+            collate_fn=keep_batch if self.in_memory else None,
         )
 
     def train_dataloader(self) -> DataLoader:
@@ -204,3 +270,12 @@ class MNISTDataModule(L.LightningDataModule):
 
     def predict_dataloader(self) -> DataLoader:
         return self._loader(self.predict_split)
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Normalise (and, when training with ``augment``, shift/rotate) in-memory batches on their device."""
+        x, y = batch
+        if x.dtype == torch.uint8:
+            x = normalize(x)
+        if self.augment and self.trainer is not None and self.trainer.training:
+            x = random_shift_rotate(x)
+        return x, y

@@ -84,7 +84,8 @@ def test_checkpoint_round_trip_rebuilds_injected_net(run_cli, mnist_dir):
     loaded = MNISTClassifier.load_from_checkpoint(ckpt, map_location="cpu").eval()  # no other argument
     assert isinstance(loaded.net, CNN)
     assert loaded.net.classifier[1].out_features == 24
-    x = next(iter(cli.datamodule.val_dataloader()))[0]
+    dm = cli.datamodule
+    x = dm.on_after_batch_transfer(next(iter(dm.val_dataloader())), 0)[0]  # uint8 batch → normalised
     with torch.no_grad():
         torch.testing.assert_close(loaded(x), trained(x))
 
@@ -112,3 +113,30 @@ def test_module_entry_point_and_console_script():
     for cmd in ([sys.executable, "-m", "project", "--help"], [str(Path(sys.executable).parent / "project"), "--help"]):
         out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
         assert "fit" in out and "predict" in out
+
+
+def test_compile_fit_and_predict_leave_plain_checkpoints(run_cli):
+    cli = run_cli("fit", "--model.compile=true", "--model.net.init_args.channels=[4, 8]")
+    ckpt = best_checkpoint(cli)
+    state = torch.load(ckpt, map_location="cpu", weights_only=True)["state_dict"]
+    assert state and not any("_orig_mod" in key for key in state)
+    # Loads into an uncompiled model, which computes what the compiled one does.
+    plain = MNISTClassifier.load_from_checkpoint(ckpt, map_location="cpu", compile=False).eval()
+    x = torch.randn(4, 1, 28, 28)
+    with torch.no_grad():
+        torch.testing.assert_close(plain(x), cli.model.eval()(x), atol=1e-4, rtol=1e-4)
+    cli = run_cli("predict", f"--ckpt_path={ckpt}", "--model.compile=true")
+    assert cli.trainer.predict_loop.predictions[0]["probs"].shape == (32, 10)
+
+
+def test_channels_last_and_default_precision(run_cli):
+    from project.hardware import recommended_precision
+
+    cli = run_cli("fit")
+    conv = cli.model.net.features[0].weight
+    assert conv.is_contiguous(memory_format=torch.channels_last)
+    # The default config leaves precision unset: the CLI picks the measured default for this machine.
+    assert cli.trainer.precision == recommended_precision("cpu")
+    cli = run_cli("fit", "--trainer.precision=32-true", "--model.channels_last=false")
+    assert cli.trainer.precision == "32-true"
+    assert cli.model.net.features[0].weight.is_contiguous()

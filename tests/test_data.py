@@ -31,21 +31,84 @@ def test_seeded_split_and_normalisation(mnist_dir):
     other.setup("fit")
     assert dm.splits["val"].indices != other.splits["val"].indices
 
-    x, y = next(iter(dm.train_dataloader()))
+    x, y = dm.on_after_batch_transfer(next(iter(dm.train_dataloader())), 0)
     assert x.shape == (16, 1, 28, 28) and x.dtype == torch.float32 and y.dtype == torch.long
     # A pixel of value 0 maps to -mean/std, 255 to (1-mean)/std.
     assert x.min().item() == pytest.approx(-MEAN / STD, abs=1e-5)
     assert x.max().item() == pytest.approx((1 - MEAN) / STD, abs=1e-5)
 
 
-def test_same_tensors_as_torchvision_mnist(mnist_dir):
-    dm = MNISTDataModule(data_dir=str(mnist_dir), num_workers=0)
+def test_pil_path_gives_torchvision_mnist_tensors(mnist_dir):
+    dm = MNISTDataModule(data_dir=str(mnist_dir), in_memory=False)
     dm.setup("test")
     reference = MNIST(str(mnist_dir), train=False, transform=dm.transform)
     for i in (0, 5, N_TEST - 1):
         x, y = dm.splits["test"][i]
         x_ref, y_ref = reference[i]
         assert torch.equal(x, x_ref) and y == y_ref
+
+
+@pytest.mark.parametrize("stage", ["fit", "test"])
+def test_in_memory_batches_equal_torchvision_path_exactly(mnist_dir, stage):
+    """Same indices, bit-identical normalised tensors: the fast path changes speed, not data."""
+    fast = MNISTDataModule(data_dir=str(mnist_dir), val_size=32, batch_size=24)
+    slow = MNISTDataModule(data_dir=str(mnist_dir), val_size=32, batch_size=24, in_memory=False)
+    fast.setup(stage)
+    slow.setup(stage)
+    split = "val" if stage == "fit" else "test"
+    loaders = {"val": "val_dataloader", "test": "test_dataloader"}
+    for (xf, yf), (xs, ys) in zip(getattr(fast, loaders[split])(), getattr(slow, loaders[split])(), strict=True):
+        assert xf.dtype == torch.uint8 and xf.shape == (len(yf), 28, 28)
+        xf, yf = fast.on_after_batch_transfer((xf, yf), 0)
+        assert xf.shape == xs.shape and torch.equal(xf, xs) and torch.equal(yf, ys)
+    # The torchvision path is left alone by the hook.
+    xs, ys = next(iter(getattr(slow, loaders[split])()))
+    assert torch.equal(slow.on_after_batch_transfer((xs, ys), 0)[0], xs)
+
+
+def test_in_memory_loader_shards_under_distributed_sampler(mnist_dir):
+    """Lightning re-creates the loader with a DistributedSampler under DDP: ranks must split the data exactly."""
+    from lightning.pytorch.trainer.states import RunningStage
+    from lightning.pytorch.utilities.data import _update_dataloader
+    from torch.utils.data import DistributedSampler
+
+    dm = MNISTDataModule(data_dir=str(mnist_dir), val_size=32, batch_size=16)
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    seen = []
+    for rank in (0, 1):
+        sampler = DistributedSampler(loader.dataset, num_replicas=2, rank=rank, shuffle=True, seed=3)
+        sharded = _update_dataloader(loader, sampler, mode=RunningStage.TRAINING)
+        batches = list(sharded)
+        assert all(x.shape[0] == y.shape[0] <= 16 for x, y in batches)
+        seen.append(torch.cat([x for x, _ in batches]))
+    assert len(seen[0]) == len(seen[1]) == (N_TRAIN - 32) // 2
+    everything = {bytes(img.numpy()) for img in torch.cat(seen)}
+    expected = {bytes(img.numpy()) for img, _ in (loader.dataset[i] for i in range(len(loader.dataset)))}
+    assert everything == expected  # every training image once, none from validation
+
+
+def test_augmentation_only_in_training(mnist_dir):
+    from types import SimpleNamespace
+
+    from project.data import normalize, random_shift_rotate
+
+    torch.manual_seed(0)
+    images = torch.zeros(8, 28, 28, dtype=torch.uint8)
+    images[:, 10:18, 10:18] = 255
+    x = normalize(images)
+    moved = random_shift_rotate(x)
+    assert moved.shape == x.shape and not torch.equal(moved, x)
+    # The background stays the background value; the digit keeps about its mass.
+    assert moved[:, :, 0, 0].allclose(torch.tensor(-MEAN / STD))
+    assert (moved > 0).sum(dim=(1, 2, 3)).float().mean() == pytest.approx(64, rel=0.3)
+
+    dm = MNISTDataModule(data_dir=str(mnist_dir), augment=True)
+    y = torch.zeros(8, dtype=torch.long)
+    dm.trainer = SimpleNamespace(training=False)
+    assert torch.equal(dm.on_after_batch_transfer((images, y), 0)[0], x)
+    dm.trainer = SimpleNamespace(training=True)
+    assert not torch.equal(dm.on_after_batch_transfer((images, y), 0)[0], x)
 
 
 def test_predict_uses_the_test_set_unless_told(mnist_dir):

@@ -1,0 +1,224 @@
+"""Benchmark the template against the hand-written PyTorch loop, A/B/A/B in one invocation.
+
+    python benchmarks/run.py            # 3 rounds on the real MNIST ($PATH_DATASETS), writes BENCHMARKS.md
+    python benchmarks/run.py --quick    # one short round, about a minute, prints the table only
+
+Variants, each run in its own process so that start-up, memory and threads do not leak between them:
+  (a) baseline: benchmarks/baseline_loop.py, the tutorial loop (PIL + 2 workers, fp32, batch 64, Adam).
+  (b) template, baseline settings: same data path, fp32, NCHW, batch 64, Adam 1e-3, no scheduler or clipping,
+      so (b)/(a) is the cost of Lightning itself.
+  (c) template, configs/default.yaml as shipped.
+  (d) configs/fast.yaml: a full fit, then test on the best checkpoint; time to >= 99% test accuracy.
+Throughput is the median of steady-state training samples/s (the first steps are left out); data wait is the
+share of step time spent between the end of one step and the start of the next (fetching the batch).
+"""
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT = str(ROOT / "configs" / "default.yaml")
+FAST = str(ROOT / "configs" / "fast.yaml")
+BASELINE_SETTINGS = [
+    "--data.in_memory=false",
+    "--data.num_workers=2",
+    "--data.batch_size=64",
+    "--trainer.precision=32-true",
+    "--model.channels_last=false",
+    "--model.optimizer=torch.optim.Adam",
+    "--model.optimizer.init_args.lr=0.001",
+    "--model.optimizer.init_args.weight_decay=0",
+    "--model.scheduler=null",
+    "--trainer.gradient_clip_val=null",
+]
+
+
+def child(result_path: str, warmup: int, test: bool, cli_args: list[str]) -> None:
+    """Run one template configuration in this process and write its figures to ``result_path`` as JSON."""
+    import lightning as L
+    import torch
+
+    from project.cli import MNISTCLI
+    from project.data import MNISTDataModule
+    from project.module import MNISTClassifier
+
+    class StepTimer(L.Callback):
+        """Timestamps of each training batch's start (after the fetch) and end (after the optimizer step)."""
+
+        def __init__(self) -> None:
+            self.starts: list[float] = []
+            self.ends: list[float] = []
+
+        def on_train_batch_start(self, trainer: L.Trainer, *args: object) -> None:
+            self.starts.append(time.perf_counter())
+
+        def on_train_batch_end(self, trainer: L.Trainer, *args: object) -> None:
+            self.ends.append(time.perf_counter())
+
+    cli = MNISTCLI(MNISTClassifier, MNISTDataModule, args=cli_args, run=False)
+    timer = StepTimer()
+    cli.trainer.callbacks.append(timer)
+    start = time.perf_counter()
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    fit_s = time.perf_counter() - start
+    result = {"fit_s": fit_s, "steps": len(timer.ends), "epochs": cli.trainer.current_epoch}
+    steady = range(warmup + 1, len(timer.ends))
+    if len(steady) > 10:
+        elapsed = timer.ends[-1] - timer.ends[warmup]
+        waited = sum(timer.starts[i] - timer.ends[i - 1] for i in steady)
+        # Steps that cross an epoch boundary include validation and checkpointing: leave those out.
+        boundary = [i for i in steady if timer.starts[i] - timer.ends[i - 1] > 0.5]
+        elapsed -= sum(timer.ends[i] - timer.ends[i - 1] for i in boundary)
+        waited -= sum(timer.starts[i] - timer.ends[i - 1] for i in boundary)
+        n = len(steady) - len(boundary)
+        result.update(samples_per_s=n * cli.datamodule.batch_size / elapsed, data_wait=waited / elapsed)
+    if test:
+        scores = cli.trainer.test(cli.model, datamodule=cli.datamodule, ckpt_path="best", verbose=False)
+        result["test_acc"] = scores[0]["test/acc"]
+    result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    result["threads"] = torch.get_num_threads()
+    Path(result_path).write_text(json.dumps(result))
+
+
+def run_variant(name: str, steps: int, warmup: int, logs: str) -> dict:
+    """Run variant ``name`` in a fresh process and return its figures."""
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        out = f.name
+    quiet = ["--trainer.enable_model_summary=false", f"--trainer.logger.init_args.save_dir={logs}"]
+    limits = [f"--trainer.limit_train_batches={steps}", "--trainer.limit_val_batches=0", "--trainer.max_epochs=1"]
+    if name == "a":
+        cmd = [sys.executable, str(ROOT / "benchmarks" / "baseline_loop.py"), f"--steps={steps}", f"--warmup={warmup}"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+        if proc.returncode:
+            raise SystemExit(f"baseline failed:\n{proc.stderr[-3000:]}")
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    flags = []
+    if name == "b":
+        cli_args = ["--config", DEFAULT, *BASELINE_SETTINGS, *quiet, *limits]
+    elif name == "c":
+        cli_args = ["--config", DEFAULT, *quiet, *limits]
+    else:  # "d": the whole fast recipe, then the test set
+        cli_args = ["--config", DEFAULT, "--config", FAST, *quiet]
+        flags = ["--test"]
+    cmd = [sys.executable, __file__, "--child", out, f"--warmup={warmup}", *flags, "--", *cli_args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    if proc.returncode:
+        raise SystemExit(f"variant {name} failed:\n{proc.stderr[-3000:]}")
+    result = json.loads(Path(out).read_text())
+    Path(out).unlink()
+    return result
+
+
+def machine() -> str:
+    import torch
+
+    from project.hardware import cpu_has_native_bf16, recommended_precision
+
+    model = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if "model name" in line]
+        model = names[0] if names else model
+    return (
+        f"{model}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads, native CPU bf16: {cpu_has_native_bf16()}, "
+        f"recommended precision: {recommended_precision()}"
+    )
+
+
+LABELS = {
+    "a": "(a) baseline loop (PIL, 2 workers, fp32, Adam, bs 64)",
+    "b": "(b) template, baseline settings",
+    "c": "(c) template, configs/default.yaml",
+    "d": "(d) configs/fast.yaml, full fit",
+}
+
+
+def table(results: dict[str, list[dict]]) -> str:
+    base = statistics.median(r["samples_per_s"] for r in results["a"])
+    rows = [
+        "| variant | median samples/s | ratio to (a) | data wait | peak RSS (MB) | rounds |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    for name in ("a", "b", "c"):
+        rs = results.get(name, [])
+        if not rs:
+            continue
+        sps = statistics.median(r["samples_per_s"] for r in rs)
+        wait = statistics.median(r["data_wait"] for r in rs)
+        rss = max(r["peak_rss_mb"] for r in rs)
+        each = ", ".join(f"{r['samples_per_s']:.0f}" for r in rs)
+        rows.append(f"| {LABELS[name]} | {sps:.0f} | {sps / base:.2f} | {wait:.1%} | {rss:.0f} | {each} |")
+    if results.get("d"):
+        rows += [
+            "",
+            "| (d) configs/fast.yaml | fit wall time (s) | test/acc | epochs | reached 99.0% |",
+            "|---|---:|---:|---:|---|",
+        ]
+        for i, r in enumerate(results["d"], 1):
+            rows.append(
+                f"| round {i} | {r['fit_s']:.1f} | {r['test_acc']:.4f} | {r['epochs']} | {r['test_acc'] >= 0.99} |"
+            )
+        fit = statistics.median(r["fit_s"] for r in results["d"])
+        acc = statistics.median(r["test_acc"] for r in results["d"])
+        rows.append(f"| **median** | **{fit:.1f}** | **{acc:.4f}** | | |")
+    return "\n".join(rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3, help="A/B rounds (each runs every variant once)")
+    parser.add_argument("--steps", type=int, default=600, help="training steps per throughput run")
+    parser.add_argument("--warmup", type=int, default=50, help="steps left out of the throughput figure")
+    parser.add_argument("--quick", action="store_true", help="1 round of 200 steps, no (d), no BENCHMARKS.md")
+    parser.add_argument("--output", default=str(ROOT / "BENCHMARKS.md"), help="where to write the table")
+    parser.add_argument("--child", help=argparse.SUPPRESS)  # internal: run one variant, write JSON here
+    parser.add_argument("--test", action="store_true", help=argparse.SUPPRESS)  # internal: test after the fit
+    args, rest = parser.parse_known_args()
+    if args.child:
+        child(args.child, args.warmup, args.test, [a for a in rest if a != "--"])
+        return
+    if "PATH_DATASETS" not in os.environ:
+        raise SystemExit("Set PATH_DATASETS to the folder that holds MNIST/raw/ (the real data).")
+    if args.quick:
+        args.rounds, args.steps, args.warmup = 1, 200, 30
+    variants = ["a", "b", "c"] + ([] if args.quick else ["d"])
+    results: dict[str, list[dict]] = {v: [] for v in variants}
+    with tempfile.TemporaryDirectory() as logs:
+        for round_ in range(1, args.rounds + 1):
+            for v in variants:
+                started = time.perf_counter()
+                results[v].append(run_variant(v, args.steps, args.warmup, logs))
+                took = time.perf_counter() - started
+                print(f"round {round_} {LABELS[v]}: {json.dumps(results[v][-1])} ({took:.0f} s)", flush=True)
+    report = table(results)
+    print(report)
+    if args.quick:
+        return
+    command = " ".join(["python benchmarks/run.py", *sys.argv[1:]])
+    Path(args.output).write_text(
+        "# Benchmarks\n\n"
+        f"Machine: {machine()}.\n\n"
+        f"Command: `PATH_DATASETS=<data> {command}` ({args.rounds} rounds, variants alternating a/b/c/d in each "
+        f"round, {args.steps} training steps per throughput run, the first {args.warmup} left out).\n\n"
+        f"{report}\n\n"
+        "Variants: (a) `benchmarks/baseline_loop.py`; (b) `python -m project fit --config configs/default.yaml "
+        f"{' '.join(BASELINE_SETTINGS)}`; (c) `python -m project fit --config configs/default.yaml`; "
+        "(d) `python -m project fit --config configs/default.yaml --config configs/fast.yaml`, then `test` on the "
+        "best checkpoint. Ratios are medians of one run of this script; compare ratios, not absolute times, "
+        "across machines.\n"
+    )
+    print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,11 +1,14 @@
 """The command line: ``python -m project {fit,validate,test,predict}``, one hop to LightningCLI."""
 
-from typing import Literal
+import sys
+from collections.abc import Callable
+from typing import Any, Literal
 
 import torch
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 
+from project import env, export
 from project.data import MNISTDataModule
 from project.hardware import recommended_precision
 from project.module import MNISTClassifier
@@ -33,8 +36,20 @@ class MNISTCLI(LightningCLI):
             rank_zero_info(f"trainer.precision not set: using {config.trainer.precision!r} for this machine.")
 
 
-def cli_main(args: list[str] | None = None) -> LightningCLI:
-    """Run the CLI on ``args`` (``sys.argv`` when ``None``) and return it, e.g. to reach ``cli.trainer``."""
+# Commands beside LightningCLI's fit/validate/test/predict: each takes its own arguments and returns its report.
+EXTRA_COMMANDS: dict[str, Callable[[list[str]], dict[str, Any]]] = {"export": export.main, "env": env.main}
+
+
+def cli_main(args: list[str] | None = None) -> LightningCLI | dict[str, Any]:
+    """Run the CLI on ``args`` (``sys.argv`` when ``None``).
+
+    Returns:
+        For fit/validate/test/predict the LightningCLI (``cli.trainer``, ``cli.model``, ``cli.datamodule``);
+        for ``export`` and ``env`` their report.
+    """
+    argv = sys.argv[1:] if args is None else list(args)
+    if argv and argv[0] in EXTRA_COMMANDS:
+        return EXTRA_COMMANDS[argv[0]](argv[1:])
     return MNISTCLI(MNISTClassifier, MNISTDataModule, args=args)
 
 

@@ -16,6 +16,8 @@ from torch.utils.data import DataLoader, Dataset, random_split
 from torchvision import transforms
 from torchvision.datasets import MNIST
 
+from project.images import load_folder
+
 MEAN, STD = 0.1307, 0.3081
 # The four IDX files torchvision's MNIST reads from <data_dir>/MNIST/raw/, with their dimensionality.
 IDX_FILES = {
@@ -86,16 +88,17 @@ class PILImageDataset(Dataset):
     This is what ``torchvision.datasets.MNIST`` does per item (minus re-reading the files): the slow, general path.
     """
 
-    def __init__(self, images: Tensor, labels: Tensor, transform: Callable[[Image.Image], Tensor]) -> None:
+    def __init__(self, images: Tensor, labels: Tensor | None, transform: Callable[[Image.Image], Tensor]) -> None:
         self.images = images
         self.labels = labels
         self.transform = transform
 
     def __len__(self) -> int:
-        return len(self.labels)
+        return len(self.images)
 
-    def __getitem__(self, index: int) -> tuple[Tensor, int]:
-        return self.transform(Image.fromarray(self.images[index].numpy(), mode="L")), int(self.labels[index])
+    def __getitem__(self, index: int) -> tuple[Tensor, int] | Tensor:
+        x = self.transform(Image.fromarray(self.images[index].numpy(), mode="L"))
+        return x if self.labels is None else (x, int(self.labels[index]))
 
 
 class InMemoryDataset(Dataset):
@@ -106,22 +109,24 @@ class InMemoryDataset(Dataset):
     (``MNISTDataModule.on_after_batch_transfer``). Samplers, and so DDP sharding, work as for any dataset.
     """
 
-    def __init__(self, images: Tensor, labels: Tensor) -> None:
+    def __init__(self, images: Tensor, labels: Tensor | None) -> None:
         self.images = images
-        self.labels = labels
+        self.labels = labels  # None for unlabelled images: items are then the images alone
 
     def __len__(self) -> int:
-        return len(self.labels)
+        return len(self.images)
 
-    def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
-        return self.images[index], self.labels[index]
+    def __getitem__(self, index: int) -> tuple[Tensor, Tensor] | Tensor:
+        return self.images[index] if self.labels is None else (self.images[index], self.labels[index])
 
-    def __getitems__(self, indices: list[int]) -> tuple[Tensor, Tensor]:
+    def __getitems__(self, indices: list[int]) -> tuple[Tensor, Tensor] | Tensor:
         index = torch.as_tensor(indices)
+        if self.labels is None:
+            return self.images[index]
         return self.images[index], self.labels[index]  # (B, H, W) uint8, (B,) int64
 
 
-def keep_batch(batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+def keep_batch(batch: tuple[Tensor, Tensor] | Tensor) -> tuple[Tensor, Tensor] | Tensor:
     """Collate function for ``InMemoryDataset``: ``__getitems__`` already returns the batch."""
     return batch
 
@@ -165,6 +170,8 @@ class MNISTDataModule(L.LightningDataModule):
         in_memory: Keep the images as one uint8 tensor, gather whole batches and normalise them on the target
             device (fast); ``False`` uses the per-image PIL + torchvision transform path.
         augment: Random shifts (±2 px) and rotations (±10°) of training batches, on the device.
+        predict_dir: A folder of PNG/JPEG/BMP digit images for ``predict``, made MNIST-like (see
+            ``project.images``); files that cannot be decoded are reported and skipped. Overrides ``predict_split``.
     """
 
     def __init__(
@@ -179,6 +186,7 @@ class MNISTDataModule(L.LightningDataModule):
         download: bool = True,
         in_memory: bool = True,
         augment: bool = False,
+        predict_dir: str | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -192,6 +200,10 @@ class MNISTDataModule(L.LightningDataModule):
         self.download = download
         self.in_memory = in_memory
         self.augment = augment
+        self.predict_dir = Path(predict_dir) if predict_dir is not None else None
+        # Set by setup("predict") with predict_dir: the image of each prediction, and the undecodable files.
+        self.predict_files: list[Path] = []
+        self.predict_failures: list[tuple[Path, str]] = []
         self.transform = transforms.Compose([transforms.ToTensor(), transforms.Normalize((MEAN,), (STD,))])
         self.splits: dict[str, Dataset] = {}
 
@@ -226,6 +238,13 @@ class MNISTDataModule(L.LightningDataModule):
 
     def setup(self, stage: str) -> None:
         """Check the files and build the datasets; runs on every process, before any training step."""
+        if stage == "predict" and self.predict_dir is not None:
+            self.predict_files, images, self.predict_failures = load_folder(self.predict_dir)
+            if not self.predict_files:
+                reasons = "; ".join(f"{path.name}: {reason}" for path, reason in self.predict_failures)
+                raise MNISTDataError(f"data.predict_dir: no image in {self.predict_dir} could be decoded ({reasons}).")
+            self.splits["predict"] = self._dataset(images, None)
+            return
         missing = self._missing_files()
         if missing:  # prepare_data runs on one process per node only, so say it again here.
             raise MNISTDataError(
@@ -245,7 +264,7 @@ class MNISTDataModule(L.LightningDataModule):
         if stage in ("test", "predict"):
             self.splits["test"] = self._dataset(*load_split(self.raw_dir, "t10k"))
 
-    def _dataset(self, images: Tensor, labels: Tensor) -> Dataset:
+    def _dataset(self, images: Tensor, labels: Tensor | None) -> Dataset:
         return InMemoryDataset(images, labels) if self.in_memory else PILImageDataset(images, labels, self.transform)
 
     def _loader(self, split: str, shuffle: bool = False) -> DataLoader:
@@ -269,13 +288,13 @@ class MNISTDataModule(L.LightningDataModule):
         return self._loader("test")
 
     def predict_dataloader(self) -> DataLoader:
-        return self._loader(self.predict_split)
+        return self._loader("predict" if self.predict_dir is not None else self.predict_split)
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Normalise (and, when training with ``augment``, shift/rotate) in-memory batches on their device."""
-        x, y = batch
+        x, y = (batch, None) if isinstance(batch, Tensor) else batch
         if x.dtype == torch.uint8:
             x = normalize(x)
         if self.augment and self.trainer is not None and self.trainer.training:
             x = random_shift_rotate(x)
-        return x, y
+        return x if y is None else (x, y)

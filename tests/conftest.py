@@ -57,8 +57,9 @@ def fresh_mnist_dir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def run_cli(mnist_dir: Path, tmp_path: Path):
-    """Run ``cli_main`` with the default config on the synthetic data, tiny limits and logs under tmp_path."""
+def run_cli(mnist_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Run ``cli_main`` with the default config on the synthetic data, tiny limits, in tmp_path (logs, CSVs)."""
+    monkeypatch.chdir(tmp_path)  # relative outputs of the config (predictions.csv) land here
 
     def run(subcommand: str, *extra: str, config: tuple[str, ...] = ()):
         args = [subcommand, "--config", DEFAULT_CONFIG]

@@ -1,0 +1,94 @@
+"""Make a user's digit photo or drawing look like an MNIST digit, as MNIST itself was prepared.
+
+MNIST digits are white on black, size-normalised to fit a 20x20 box (aspect ratio kept) and centred by
+centre of mass in a 28x28 field. ``mnist_style`` applies the same steps to any image PIL can decode.
+"""
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, ImageOps
+from torch import Tensor
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
+
+
+def list_images(folder: Path) -> list[Path]:
+    """Files in ``folder`` (not recursive) with an image suffix, sorted by name."""
+    return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+
+
+def mnist_style(image: Image.Image, box: int = 20, size: int = 28) -> Tensor:
+    """Return ``image`` as an MNIST-like uint8 tensor (size, size): white digit, black background.
+
+    Args:
+        image: Any PIL image: colour or greyscale, any size, dark-on-light or light-on-dark.
+        box: Side of the box the digit is scaled to fit.
+        size: Side of the output field.
+    """
+    if image.mode in ("RGBA", "LA", "P"):  # transparent background → white, as on paper
+        rgba = image.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        image = Image.alpha_composite(background, rgba)
+    grey = np.asarray(ImageOps.exif_transpose(image).convert("L"), dtype=np.float32)
+    # The border is background: invert when it is lighter than the middle (a dark digit on light paper).
+    border = np.concatenate([grey[0], grey[-1], grey[:, 0], grey[:, -1]])
+    if np.median(border) > 127:
+        grey, border = 255 - grey, 255 - border
+    # Stretch from the background level to the brightest ink, so faint strokes and grey paper still work.
+    grey = np.clip(grey - np.median(border), 0, None)
+    if grey.max() > 0:
+        grey = grey * (255 / grey.max())
+    ink = grey > 0.2 * 255
+    if not ink.any():
+        return torch.zeros(size, size, dtype=torch.uint8)
+    rows, cols = np.flatnonzero(ink.any(axis=1)), np.flatnonzero(ink.any(axis=0))
+    digit = grey[rows[0] : rows[-1] + 1, cols[0] : cols[-1] + 1]
+    h, w = digit.shape
+    scale = box / max(h, w)
+    new_w, new_h = max(1, round(w * scale)), max(1, round(h * scale))
+    digit = np.asarray(
+        Image.fromarray(digit.astype(np.uint8)).resize((new_w, new_h), Image.Resampling.LANCZOS), dtype=np.float32
+    )
+    field = np.zeros((size, size), dtype=np.float32)
+    top, left = (size - new_h) // 2, (size - new_w) // 2
+    field[top : top + new_h, left : left + new_w] = digit
+    # Move the centre of mass to the centre of the field (whole pixels, as MNIST did).
+    ys, xs = np.indices(field.shape)
+    mass = field.sum()
+    dy = round((size - 1) / 2 - (ys * field).sum() / mass)
+    dx = round((size - 1) / 2 - (xs * field).sum() / mass)
+    field = np.roll(field, (dy, dx), axis=(0, 1))  # the digit is 20 px in 28: a shift of ≤ 4 px wraps only zeros
+    return torch.from_numpy(np.clip(field, 0, 255).round().astype(np.uint8))
+
+
+def load_folder(folder: Path) -> tuple[list[Path], Tensor, list[tuple[Path, str]]]:
+    """Decode and preprocess every image in ``folder``.
+
+    Returns:
+        The decoded files, their MNIST-style images (N, 28, 28) uint8, and (file, reason) for each file that
+        could not be decoded.
+
+    Raises:
+        FileNotFoundError: ``folder`` is not a folder.
+        ValueError: it holds no file with an image suffix.
+    """
+    if not folder.is_dir():
+        raise FileNotFoundError(f"data.predict_dir: {folder} is not a folder. Give a folder of PNG/JPEG/BMP images.")
+    files = list_images(folder)
+    if not files:
+        raise ValueError(
+            f"data.predict_dir: {folder} holds no images ({', '.join(IMAGE_SUFFIXES)}). Put digit images there."
+        )
+    decoded, images, failed = [], [], []
+    for path in files:
+        try:
+            with Image.open(path) as image:
+                image.load()
+                images.append(mnist_style(image))
+            decoded.append(path)
+        except Exception as exc:  # PIL raises several types for truncated or foreign files
+            failed.append((path, f"{type(exc).__name__}: {exc}"))
+    stacked = torch.stack(images) if images else torch.zeros(0, 28, 28, dtype=torch.uint8)
+    return decoded, stacked, failed

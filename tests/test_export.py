@@ -1,0 +1,104 @@
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import project.net as net_module
+from project.cli import cli_main
+
+pytest.importorskip("onnxruntime", reason="the export extra is not installed: pip install -e '.[export]'")
+
+
+@pytest.fixture
+def checkpoint(run_cli) -> str:
+    return run_cli("fit").trainer.checkpoint_callback.best_model_path
+
+
+def export(checkpoint: str, fmt: str, out, data_dir, *extra: str) -> dict:
+    args = ["export", f"--ckpt_path={checkpoint}", f"--format={fmt}", f"--output={out}", f"--data_dir={data_dir}"]
+    return cli_main([*args, *extra])
+
+
+@pytest.mark.parametrize("fmt", ["onnx", "pt2", "state_dict"])
+def test_export_matches_eager(checkpoint, mnist_dir, tmp_path, fmt):
+    out = tmp_path / f"model.{fmt}"
+    report = export(checkpoint, fmt, out, mnist_dir)
+    assert out.is_file() and report["size_bytes"] == out.stat().st_size
+    assert report["checked_on"].endswith("MNIST test images")
+    assert report["parity"]["ok"] and report["parity"]["max_abs_logit_diff"] <= 1e-4
+    assert report["parity"]["same_argmax"]
+
+
+def test_onnx_has_a_dynamic_batch_axis(checkpoint, mnist_dir, tmp_path):
+    import onnxruntime as ort
+
+    out = tmp_path / "m.onnx"
+    export(checkpoint, "onnx", out, mnist_dir)
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    for batch in (1, 7, 300):
+        logits = session.run(None, {session.get_inputs()[0].name: torch.randn(batch, 1, 28, 28).numpy()})[0]
+        assert logits.shape == (batch, 10)
+
+
+def test_pt2_loads_with_torch_export(checkpoint, mnist_dir, tmp_path):
+    out = tmp_path / "m.pt2"
+    export(checkpoint, "pt2", out, mnist_dir)
+    program = torch.export.load(str(out))
+    assert program.module()(torch.randn(5, 1, 28, 28)).shape == (5, 10)
+
+
+def test_state_dict_loads_into_a_plain_cnn_without_lightning(checkpoint, mnist_dir, tmp_path):
+    out = tmp_path / "weights.pt"
+    cli_main(
+        ["export", f"--ckpt_path={checkpoint}", "--format=state_dict", f"--output={out}", f"--data_dir={mnist_dir}"]
+    )
+    config = json.loads(out.with_suffix(".json").read_text())
+    assert config["class_path"] == "project.net.CNN" and config["init_args"]["num_classes"] == 10
+    # A fresh interpreter that imports only torch and net.py: no Lightning in the loading path.
+    code = (
+        "import sys, json, torch, importlib.util\n"
+        f"spec = importlib.util.spec_from_file_location('net', {net_module.__file__!r})\n"
+        "net = importlib.util.module_from_spec(spec); spec.loader.exec_module(net)\n"
+        f"cfg = json.load(open({str(out.with_suffix('.json'))!r}))\n"
+        "model = net.CNN(**cfg['init_args'])\n"
+        f"model.load_state_dict(torch.load({str(out)!r}, weights_only=True))\n"
+        "assert model(torch.zeros(2, 1, 28, 28)).shape == (2, 10)\n"
+        "assert not any(m.startswith('lightning') for m in sys.modules)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_int8_quantization_reports_size_and_accuracy(checkpoint, mnist_dir, tmp_path):
+    out = tmp_path / "m.int8.onnx"
+    report = export(checkpoint, "onnx", out, mnist_dir, "--quantize=int8")
+    q = report["int8"]
+    assert q["int8_bytes"] < 0.5 * q["fp32_bytes"] and q["size_reduction"] > 0.5  # the Linear weights dominate
+    assert q["test_images"] == 96 and 0 <= q["int8_acc"] <= 1
+    assert abs(q["acc_drop_points"] - 100 * (q["fp32_acc"] - q["int8_acc"])) < 1e-9
+
+
+def test_bad_requests_are_refused(checkpoint, mnist_dir, tmp_path, capsys):
+    with pytest.raises(ValueError, match="onnx"):
+        export(checkpoint, "pt2", tmp_path / "x", mnist_dir, "--quantize=int8")
+    existing = tmp_path / "exists.onnx"
+    existing.write_text("keep me")
+    with pytest.raises(SystemExit):
+        export(checkpoint, "onnx", existing, mnist_dir)
+    assert existing.read_text() == "keep me" and "--overwrite" in capsys.readouterr().err
+
+
+def test_env_json_has_the_fields(capsys):
+    from project.hardware import recommended_precision
+
+    cli_main(["env", "--json"])
+    info = json.loads(capsys.readouterr().out)
+    assert set(info["versions"]) == {"python", "torch", "torchvision", "lightning", "torchmetrics"}
+    assert torch.__version__.startswith(info["versions"]["torch"])
+    assert isinstance(info["cuda"]["available"], bool) and isinstance(info["cuda"]["devices"], list)
+    assert isinstance(info["cpu"]["native_bf16"], bool)
+    assert {"float32_matmul_precision", "cuda_matmul_allow_tf32", "cudnn_allow_tf32"} <= set(info["tf32"])
+    assert info["recommended_precision"] == recommended_precision()
+    cli_main(["env"])
+    assert "Recommended precision" in capsys.readouterr().out

@@ -1,0 +1,99 @@
+import csv
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image, ImageDraw
+
+from project.data import MNISTDataError, MNISTDataModule
+from project.images import load_folder, mnist_style
+
+
+def drawn_seven(size: tuple[int, int] = (64, 64), dark_on_light: bool = True, mode: str = "RGB") -> Image.Image:
+    """A thick '7' drawn large and off-centre, as a photo or scan of a digit would be."""
+    w, h = size
+    ink, paper = ((20, 20, 30), (235, 230, 220)) if dark_on_light else ((250, 250, 250), (0, 0, 0))
+    image = Image.new("RGB", size, paper)
+    draw = ImageDraw.Draw(image)
+    stroke = max(2, w // 12)
+    draw.line([(0.15 * w, 0.2 * h), (0.6 * w, 0.2 * h), (0.35 * w, 0.85 * h)], fill=ink, width=stroke)
+    return image.convert(mode)
+
+
+def centre_of_mass(x: torch.Tensor) -> tuple[float, float]:
+    ys, xs = torch.meshgrid(torch.arange(28.0), torch.arange(28.0), indexing="ij")
+    m = x.float()
+    return float((ys * m).sum() / m.sum()), float((xs * m).sum() / m.sum())
+
+
+@pytest.mark.parametrize(
+    ("size", "dark_on_light", "mode"),
+    [((64, 64), True, "RGB"), ((300, 180), True, "L"), ((50, 90), False, "RGB"), ((64, 64), True, "RGBA")],
+)
+def test_mnist_style_is_white_on_black_20px_and_centred(size, dark_on_light, mode):
+    x = mnist_style(drawn_seven(size, dark_on_light, mode))
+    assert x.shape == (28, 28) and x.dtype == torch.uint8
+    assert x.max() == 255 and x[0].max() == 0 and x[:, 0].max() == 0  # bright ink, black border
+    rows = torch.nonzero(x.amax(dim=1) > 50).flatten()
+    cols = torch.nonzero(x.amax(dim=0) > 50).flatten()
+    assert max(rows[-1] - rows[0] + 1, cols[-1] - cols[0] + 1) in (19, 20, 21)
+    cy, cx = centre_of_mass(x)
+    assert abs(cy - 13.5) <= 1 and abs(cx - 13.5) <= 1
+
+
+def test_dark_on_light_and_light_on_dark_agree():
+    a = mnist_style(drawn_seven((64, 64), True)).float()
+    b = mnist_style(drawn_seven((64, 64), False)).float()
+    assert torch.corrcoef(torch.stack([a.flatten(), b.flatten()]))[0, 1] > 0.95
+
+
+def test_blank_image_gives_blank_digit():
+    assert mnist_style(Image.new("RGB", (40, 40), "white")).max() == 0
+
+
+def write_folder(folder: Path) -> None:
+    folder.mkdir()
+    drawn_seven((64, 64)).save(folder / "a.png")
+    drawn_seven((80, 60), mode="L").save(folder / "b.jpg")
+    drawn_seven((64, 64), dark_on_light=False).save(folder / "c.bmp")
+    (folder / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\nthis is not a png")
+    (folder / "notes.txt").write_text("not an image")
+
+
+def test_load_folder_skips_and_reports_undecodable(tmp_path):
+    write_folder(tmp_path / "imgs")
+    files, images, failed = load_folder(tmp_path / "imgs")
+    assert [f.name for f in files] == ["a.png", "b.jpg", "c.bmp"]
+    assert images.shape == (3, 28, 28)
+    assert [(p.name, "Error" in reason) for p, reason in failed] == [("broken.png", True)]
+
+
+def test_empty_folder_and_folder_without_images_are_clear_errors(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match=r"empty holds no images"):
+        load_folder(tmp_path / "empty")
+    (tmp_path / "text").mkdir()
+    (tmp_path / "text" / "a.txt").write_text("x")
+    with pytest.raises(ValueError, match="no images"):
+        load_folder(tmp_path / "text")
+    with pytest.raises(FileNotFoundError, match="not a folder"):
+        load_folder(tmp_path / "missing")
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "x.png").write_bytes(b"junk")
+    with pytest.raises(MNISTDataError, match=r"no image .* could be decoded \(x.png"):
+        MNISTDataModule(predict_dir=str(tmp_path / "bad")).setup("predict")
+
+
+def test_predict_dir_from_the_cli_writes_paths_and_errors(run_cli, tmp_path):
+    write_folder(tmp_path / "imgs")
+    ckpt = run_cli("fit").trainer.checkpoint_callback.best_model_path
+    run_cli("predict", f"--ckpt_path={ckpt}", f"--data.predict_dir={tmp_path / 'imgs'}")
+    with (tmp_path / "predictions.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [Path(r["path"]).name for r in rows] == ["a.png", "b.jpg", "c.bmp", "broken.png"]
+    assert all(r["pred"].isdigit() and not r["error"] for r in rows[:3])
+    assert rows[3]["pred"] == "" and "Error" in rows[3]["error"]
+    assert "label" not in rows[0]
+    probs = np.array([[float(r[f"prob_{c}"]) for c in range(10)] for r in rows[:3]])
+    assert np.allclose(probs.sum(axis=1), 1, atol=1e-4)

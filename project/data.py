@@ -220,6 +220,8 @@ class MNISTDataModule(L.LightningDataModule):
 
     def prepare_data(self) -> None:
         """Download missing files; when all four are there, touch nothing (the folder may be read-only)."""
+        if self.predict_dir is not None and self.trainer is not None and self.trainer.predicting:
+            return  # predicting on the user's own images: MNIST is not needed
         missing = self._missing_files()
         if not missing:
             return

@@ -124,6 +124,7 @@ def export(
             dynamic_shapes=({0: torch.export.Dim("batch")},),
             dynamo=True,
             external_data=False,
+            verbose=False,
         )
         report["parity"] = parity(reference, run_onnx(onnx_path, x))
         if quantize:

@@ -88,7 +88,14 @@ def test_empty_folder_and_folder_without_images_are_clear_errors(tmp_path):
 def test_predict_dir_from_the_cli_writes_paths_and_errors(run_cli, tmp_path):
     write_folder(tmp_path / "imgs")
     ckpt = run_cli("fit").trainer.checkpoint_callback.best_model_path
-    run_cli("predict", f"--ckpt_path={ckpt}", f"--data.predict_dir={tmp_path / 'imgs'}")
+    # No MNIST is needed to predict on one's own images: point data_dir at an empty folder.
+    run_cli(
+        "predict",
+        f"--ckpt_path={ckpt}",
+        f"--data.predict_dir={tmp_path / 'imgs'}",
+        f"--data.data_dir={tmp_path}",
+        "--data.download=false",
+    )
     with (tmp_path / "predictions.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert [Path(r["path"]).name for r in rows] == ["a.png", "b.jpg", "c.bmp", "broken.png"]

@@ -2,16 +2,37 @@
 
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Literal
 
+import lightning as L
 import torch
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from jsonargparse import Namespace
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from project import env, export
+from project.checkpointing import CheckpointError, find_last_checkpoint, load_checkpoint
 from project.data import MNISTDataModule
 from project.hardware import recommended_precision
 from project.module import MNISTClassifier
+from project.writer import free_path
+
+
+class KeepingSaveConfigCallback(SaveConfigCallback):
+    """Save the resolved config into the run folder; a resumed run keeps the old file and writes ``config-1.yaml``."""
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if not self.already_saved and not self.overwrite and trainer.log_dir is not None:
+            self.config_filename = free_path(Path(trainer.log_dir) / self.config_filename).name
+        super().setup(trainer, pl_module, stage)
+
+
+def logger_init_args(config: Namespace) -> Namespace | None:
+    """The ``init_args`` of a single configured logger (``trainer.logger``), or None."""
+    logger = config.trainer.get("logger")
+    return logger.get("init_args") if isinstance(logger, Namespace) else None
 
 
 class MNISTCLI(LightningCLI):
@@ -27,9 +48,55 @@ class MNISTCLI(LightningCLI):
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
         parser.link_arguments("data.num_classes", "model.net.init_args.num_classes", apply_on="instantiate")
 
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        super().parse_arguments(parser, args)
+        subcommand = self.config.get("subcommand")
+        if subcommand is not None:  # before LightningCLI reads the checkpoint's hyperparameters
+            try:
+                self._check_checkpoint(self.config[subcommand], subcommand)
+            except CheckpointError as exc:
+                parser.error(str(exc))
+
+    def _check_checkpoint(self, config: Namespace, subcommand: str) -> None:
+        """Resolve ``--ckpt_path last``, refuse missing or unsafe checkpoints, and resume into the same run."""
+        if config.get("weights_only") is False:
+            raise CheckpointError("weights_only=false is refused: checkpoints are only loaded with weights_only=true.")
+        if "weights_only" in config:
+            config.weights_only = True
+        ckpt = config.get("ckpt_path")
+        if not ckpt or (ckpt in ("best", "hpc", "registry") or (ckpt == "last" and subcommand != "fit")):
+            return  # Lightning's own keywords, resolved by the Trainer
+        logger = logger_init_args(config)
+        run_root = None  # <save_dir>/<name> of the configured logger, where the runs are
+        if logger is not None and logger.get("save_dir"):
+            run_root = Path(logger.save_dir) / (logger.get("name") or "")
+        if ckpt == "last":
+            found = find_last_checkpoint(run_root) if run_root is not None else None
+            if found is None:
+                raise CheckpointError(f"--ckpt_path last: no <run>/checkpoints/last.ckpt under {run_root} to resume.")
+            ckpt = str(found)
+        load_checkpoint(ckpt)
+        config.ckpt_path = ckpt
+        path = Path(ckpt).resolve()
+        run = path.parent.parent  # <save_dir>/<name>/<version>/checkpoints/<file>.ckpt
+        resuming_a_run = run_root is not None and path.parent.name == "checkpoints" and run.parent == run_root.resolve()
+        if subcommand == "fit" and resuming_a_run:
+            logger.version = run.name  # keep logging into the run being resumed
+            rank_zero_info(f"Resuming {run} from {path.name}.")
+
+    def instantiate_classes(self) -> None:
+        try:
+            super().instantiate_classes()
+        except ValueError as exc:  # a bad value in the config: say which, without a traceback
+            self.parser.error(str(exc))
+
     def before_instantiate_classes(self) -> None:
         # `trainer.precision` left unset (null) means "the fastest that is safe here", decided per machine.
         config = self.config[self.subcommand] if self.subcommand else self.config
+        optimizer = config.model.get("optimizer")
+        lr = optimizer.get("init_args", Namespace()).get("lr") if isinstance(optimizer, Namespace) else None
+        if isinstance(lr, (int, float)) and lr <= 0:
+            self.parser.error(f"model.optimizer.init_args.lr must be > 0, got {lr}.")
         torch.set_float32_matmul_precision(config.float32_matmul_precision)
         if config.trainer.precision is None:
             config.trainer.precision = recommended_precision(str(config.trainer.accelerator))
@@ -50,7 +117,10 @@ def cli_main(args: list[str] | None = None) -> LightningCLI | dict[str, Any]:
     argv = sys.argv[1:] if args is None else list(args)
     if argv and argv[0] in EXTRA_COMMANDS:
         return EXTRA_COMMANDS[argv[0]](argv[1:])
-    return MNISTCLI(MNISTClassifier, MNISTDataModule, args=args)
+    try:
+        return MNISTCLI(MNISTClassifier, MNISTDataModule, args=args, save_config_callback=KeepingSaveConfigCallback)
+    except SIGTERMException:  # SaveOnInterrupt has saved a checkpoint and said where: exit without a traceback
+        raise SystemExit(143) from None
 
 
 def main() -> None:

@@ -189,6 +189,10 @@ class MNISTDataModule(L.LightningDataModule):
         predict_dir: str | None = None,
     ) -> None:
         super().__init__()
+        limits = (("batch_size", batch_size, 1), ("num_workers", num_workers, 0), ("val_size", val_size, 1))
+        for key, value, low in limits:
+            if value < low:
+                raise ValueError(f"data.{key} must be at least {low}, got {value}.")
         self.save_hyperparameters()
         self.data_dir = Path(data_dir if data_dir is not None else os.environ.get("PATH_DATASETS", "data"))
         self.batch_size = batch_size

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from project.checkpointing import CheckpointError, load_checkpoint
 from project.data import MNISTDataError, MNISTDataModule, normalize
 from project.module import MNISTClassifier
 
@@ -29,7 +30,7 @@ def net_config(ckpt_path: str) -> dict[str, Any]:
     Raises:
         ValueError: the checkpoint does not describe its network (it was injected as an object from Python).
     """
-    hparams = torch.load(ckpt_path, map_location="cpu", weights_only=True).get("hyper_parameters", {})
+    hparams = load_checkpoint(ckpt_path).get("hyper_parameters", {})
     config = hparams.get("net")
     if config is None:  # MNISTClassifier built its default CNN
         return {"class_path": "project.net.CNN", "init_args": {"num_classes": hparams.get("num_classes", 10)}}
@@ -97,7 +98,8 @@ def export(
         raise ValueError(f"--quantize must be int8, got {quantize!r}")
     if quantize and fmt != "onnx":
         raise ValueError("--quantize int8 is supported with --format onnx (onnxruntime dynamic quantization).")
-    model = MNISTClassifier.load_from_checkpoint(ckpt_path, map_location="cpu", compile=False)
+    load_checkpoint(ckpt_path)  # refuses a missing, foreign or unsafe file with a clear error, before anything else
+    model = MNISTClassifier.load_from_checkpoint(ckpt_path, map_location="cpu", weights_only=True, compile=False)
     net = model.net.eval().to(memory_format=torch.contiguous_format)
     out = Path(output)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -187,6 +189,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     if Path(args.output).exists() and not args.overwrite:
         parser.error(f"{args.output} exists: choose another --output or pass --overwrite")
-    report = export(args.ckpt_path, args.format, args.output, args.quantize, args.data_dir, args.samples)
+    try:
+        report = export(args.ckpt_path, args.format, args.output, args.quantize, args.data_dir, args.samples)
+    except CheckpointError as exc:
+        parser.error(str(exc))
     print(json.dumps(report, indent=2))
     return report

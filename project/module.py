@@ -78,6 +78,14 @@ class MNISTClassifier(L.LightningModule):
         x, y = batch
         logits = self(x)
         loss = self.loss_fn(logits, y)
+        if stage == "train" and not torch.isfinite(loss):
+            raise FloatingPointError(
+                f"train/loss is {loss.item()} at global step {self.trainer.global_step} (epoch "
+                f"{self.current_epoch}, batch {self.trainer.fit_loop.epoch_loop.batch_idx}). Likely causes: a "
+                "learning rate too high (model.optimizer.init_args.lr), no gradient clipping "
+                "(trainer.gradient_clip_val), or bad input data (NaN/inf pixels or labels out of range). "
+                "Training stopped; no checkpoint was written for this step."
+            )
         acc = getattr(self, f"{stage}_acc")
         acc(logits, y)
         on_step = stage == "train"
@@ -106,6 +114,19 @@ class MNISTClassifier(L.LightningModule):
         x = batch[0] if isinstance(batch, (tuple, list)) else batch
         probs = self(x).float().softmax(dim=-1)
         return {"preds": probs.argmax(dim=-1), "probs": probs}
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # Lightning does not keep RNG states; without them a resumed run draws other shuffles and augmentations.
+        checkpoint["rng_states"] = {"torch": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            checkpoint["rng_states"]["cuda"] = torch.cuda.get_rng_state_all()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        states = checkpoint.get("rng_states", {})
+        if "torch" in states:
+            torch.set_rng_state(states["torch"])
+        if "cuda" in states and torch.cuda.is_available() and len(states["cuda"]) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(states["cuda"])
 
     def configure_optimizers(self) -> Any:
         params = self.parameters()

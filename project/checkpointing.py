@@ -1,0 +1,91 @@
+"""Checkpoints that survive: atomic writes, a save on SIGTERM / Ctrl-C, and safe, checked loading."""
+
+import os
+import pickle
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+
+class CheckpointError(ValueError):
+    """A ``--ckpt_path`` that does not exist, is not a checkpoint, or carries more than tensors and plain data."""
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Write each checkpoint to a temporary file in the same folder, fsync it, then rename it into place.
+
+    A rename within one filesystem is atomic: a process killed mid-write (SIGKILL, power loss) leaves the
+    previous ``last.ckpt`` intact instead of a truncated one.
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            with tmp.open("wb") as f:
+                torch.save(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+
+class SaveOnInterrupt(L.Callback):
+    """On SIGTERM or Ctrl-C during ``fit``, save ``last.ckpt`` in the run's checkpoint folder and say how to resume."""
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        if not isinstance(exception, (KeyboardInterrupt, SIGTERMException)) or not trainer.training:
+            return
+        callback = trainer.checkpoint_callback
+        folder = Path(callback.dirpath) if callback and callback.dirpath else Path(trainer.default_root_dir)
+        path = folder / "last.ckpt"
+        trainer.save_checkpoint(path)
+        what = "SIGTERM" if isinstance(exception, SIGTERMException) else "Ctrl-C"
+        rank_zero_info(
+            f"\n{what}: stopped at epoch {trainer.current_epoch}, global step {trainer.global_step}. "
+            f"Checkpoint saved to {path}.\nResume with: python -m project fit <same --config options> --ckpt_path last"
+        )
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Load ``path`` with torch's safe unpickler (``weights_only=True``) and check it is a Lightning checkpoint.
+
+    Raises:
+        CheckpointError: naming the path, when it is missing, a folder, unreadable, not a checkpoint, or holds
+            objects other than tensors and plain data (a pickle payload is refused, never executed).
+    """
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"ckpt_path {path}: no such file. Give a .ckpt written by fit, or 'last' to resume.")
+    if not path.is_file():
+        raise CheckpointError(f"ckpt_path {path} is a folder: give the .ckpt file inside its checkpoints/ folder.")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        # The safe unpickler names the global (function or class) a payload asked for: that is a refusal.
+        # Anything else is not a pickle at all: random bytes, another format.
+        globals_ = [line.strip() for line in str(exc).splitlines() if "global" in line.lower()]
+        if not globals_:
+            raise CheckpointError(f"ckpt_path {path} is not a readable PyTorch checkpoint: {exc}") from exc
+        raise CheckpointError(
+            f"ckpt_path {path} was refused: it holds objects other than tensors and plain data, which could run "
+            f"code when loaded ({globals_[0]}). Only load checkpoints you trust; this template never unpickles them."
+        ) from exc
+    except Exception as exc:  # truncated zip, random bytes, ...
+        raise CheckpointError(f"ckpt_path {path} is not a readable PyTorch checkpoint: {exc}") from exc
+    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
+        raise CheckpointError(f"ckpt_path {path} is not a Lightning checkpoint (it has no 'state_dict').")
+    return checkpoint
+
+
+def find_last_checkpoint(root: Path) -> Path | None:
+    """The most recently written ``last.ckpt`` under ``root`` (e.g. ``logs/mnist``), or None."""
+    candidates = [p for p in root.glob("*/checkpoints/last.ckpt") if p.is_file()]
+    return max(candidates, key=lambda p: p.stat().st_mtime) if candidates else None

@@ -1,0 +1,197 @@
+"""Resume, interruption, non-finite loss, bad configuration and untrusted checkpoints."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from project.checkpointing import AtomicCheckpointIO, load_checkpoint
+from project.cli import cli_main
+from project.data import MNISTDataError
+from tests.conftest import DEFAULT_CONFIG, ROOT
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_resume_from_last_matches_an_uninterrupted_run(run_cli, tmp_path):
+    deterministic = ["--trainer.deterministic=true", "--trainer.max_epochs=3"]
+    straight = run_cli("fit", *deterministic, f"--trainer.logger.init_args.save_dir={tmp_path / 'a'}")
+    first = run_cli(
+        "fit", *deterministic[:1], "--trainer.max_epochs=1", f"--trainer.logger.init_args.save_dir={tmp_path / 'b'}"
+    )
+    assert first.trainer.current_epoch == 1
+    resumed = run_cli(
+        "fit", *deterministic, f"--trainer.logger.init_args.save_dir={tmp_path / 'b'}", "--ckpt_path=last"
+    )
+    assert resumed.trainer.current_epoch == 3 and resumed.trainer.global_step == straight.trainer.global_step
+    # Same run folder, same TensorBoard run; the first config.yaml is kept beside the resumed run's.
+    runs = sorted(p.name for p in (tmp_path / "b" / "mnist").iterdir())
+    assert runs == ["version_0"]
+    assert {"config.yaml", "config-1.yaml"} <= {p.name for p in (tmp_path / "b" / "mnist" / "version_0").iterdir()}
+    a = load_checkpoint(tmp_path / "a/mnist/version_0/checkpoints/last.ckpt")
+    b = load_checkpoint(tmp_path / "b/mnist/version_0/checkpoints/last.ckpt")
+    assert (a["epoch"], a["global_step"]) == (b["epoch"], b["global_step"])
+    for key, value in a["state_dict"].items():
+        assert torch.equal(value, b["state_dict"][key]), key
+    assert a["lr_schedulers"] == b["lr_schedulers"]
+    for key, value in a["optimizer_states"][0]["state"][0].items():
+        assert torch.equal(value, b["optimizer_states"][0]["state"][0][key])
+    assert straight.trainer.callback_metrics["val/loss"] == resumed.trainer.callback_metrics["val/loss"]
+
+
+def fit_command(mnist_dir: Path, *extra: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "project",
+        "fit",
+        f"--config={DEFAULT_CONFIG}",
+        f"--data.data_dir={mnist_dir}",
+        "--data.val_size=64",
+        "--data.batch_size=16",
+        "--trainer.limit_val_batches=1",
+        "--trainer.enable_model_summary=false",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.callbacks=[]",  # none of default.yaml's, then add back what the test needs
+        *extra,
+    ]
+
+
+@pytest.mark.parametrize(("sig", "code", "word"), [(signal.SIGTERM, 143, "SIGTERM"), (signal.SIGINT, 1, "Ctrl-C")])
+def test_interrupt_saves_a_resumable_checkpoint(mnist_dir, tmp_path, sig, code, word):
+    cmd = fit_command(
+        mnist_dir,
+        "--trainer.max_epochs=10000",
+        "--trainer.callbacks+=project.checkpointing.SaveOnInterrupt",
+        "--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
+        "--trainer.callbacks.save_last=true",
+    )
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    checkpoints = tmp_path / "logs" / "mnist" / "version_0" / "checkpoints"
+    deadline = time.monotonic() + 120
+    while not any(checkpoints.glob("epoch*.ckpt")) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    time.sleep(0.5)  # into the next epoch
+    proc.send_signal(sig)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == code, out[-2000:]
+    assert f"{word}: stopped at epoch" in out and "Checkpoint saved to" in out and "Traceback" not in out
+    last = load_checkpoint(checkpoints / "last.ckpt")
+    assert last["global_step"] > 0
+    resumed = subprocess.run(
+        fit_command(mnist_dir, f"--trainer.max_epochs={last['epoch'] + 2}", "--ckpt_path=last"),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+
+
+def test_kill_during_a_save_leaves_the_previous_checkpoint(tmp_path):
+    path = tmp_path / "last.ckpt"
+    AtomicCheckpointIO().save_checkpoint({"state_dict": {"w": torch.ones(3)}, "good": True}, path)
+    # A child process starts saving over it, is stopped half-way through writing, and is SIGKILLed there.
+    code = (
+        "import sys, time, torch\n"
+        "from project.checkpointing import AtomicCheckpointIO\n"
+        "def half_then_hang(obj, f):\n"
+        "    f.write(b'PK' + b'x' * 1000); f.flush(); print('writing', flush=True); time.sleep(120)\n"
+        "torch.save = half_then_hang\n"
+        f"AtomicCheckpointIO().save_checkpoint({{'state_dict': {{}}}}, {str(path)!r})\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    assert proc.stdout.readline().strip() == "writing"
+    proc.kill()
+    proc.wait()
+    assert load_checkpoint(path)["good"] is True
+
+
+def test_non_finite_loss_stops_with_the_step_and_causes(run_cli, tmp_path):
+    with pytest.raises(FloatingPointError, match=r"global step \d+.*learning rate") as info:
+        run_cli("fit", "--model.optimizer.init_args.lr=1e12", "--trainer.max_epochs=5")
+    assert "model.optimizer.init_args.lr" in str(info.value)
+    for ckpt in (tmp_path / "logs").rglob("*.ckpt"):  # whatever was saved before the blow-up is finite
+        state = load_checkpoint(ckpt)["state_dict"]
+        assert all(torch.isfinite(v).all() for v in state.values()), ckpt
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--model.optimizer.init_args.lr=0"], "model.optimizer.init_args.lr must be > 0"),
+        (["--model.optimizer.init_args.lr=-0.1"], "model.optimizer.init_args.lr must be > 0"),
+        (["--data.batch_size=0"], "data.batch_size must be at least 1"),
+        (["--model.optimizer=torch.optim.NoSuchOptimizer"], "NoSuchOptimizer"),
+        (["--model.scheduler=torch.optim.lr_scheduler.NoSuchLR"], "NoSuchLR"),
+        (["--trainer.max_epohcs=3"], "max_epohcs"),
+        (["--model.net.init_args.hiden=8"], "hiden"),
+        (["--ckpt_path=nowhere/missing.ckpt"], "nowhere/missing.ckpt: no such file"),
+        (["--ckpt_path=last"], "no <run>/checkpoints/last.ckpt"),
+        (["--weights_only=false"], "weights_only=false is refused"),
+    ],
+)
+def test_bad_configuration_fails_before_training_and_keeps_old_runs(run_cli, tmp_path, capsys, args, expected):
+    run_cli("fit", f"--trainer.logger.init_args.save_dir={tmp_path / 'old'}")
+    before = snapshot(tmp_path / "old")
+    with pytest.raises(SystemExit) as info:
+        run_cli("fit", *args)
+    assert info.value.code != 0
+    assert expected in capsys.readouterr().err
+    assert snapshot(tmp_path / "old") == before
+    assert not (tmp_path / "logs").exists() or not list((tmp_path / "logs").rglob("*.ckpt"))
+
+
+def test_val_size_too_large_and_non_checkpoint_files(run_cli, tmp_path, capsys):
+    with pytest.raises(MNISTDataError, match="val_size"):
+        run_cli("fit", "--data.val_size=100000")
+    junk = tmp_path / "junk.ckpt"
+    junk.write_bytes(os.urandom(256))
+    with pytest.raises(SystemExit):
+        run_cli("test", f"--ckpt_path={junk}")
+    assert "not a readable PyTorch checkpoint" in capsys.readouterr().err
+    (tmp_path / "folder.ckpt").mkdir()
+    with pytest.raises(SystemExit):
+        run_cli("test", f"--ckpt_path={tmp_path / 'folder.ckpt'}")
+    assert "is a folder" in capsys.readouterr().err
+
+
+class Payload:
+    """Unpickling this runs a shell command: what an attacker would put in a shared checkpoint."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize("command", ["test", "predict", "validate", "fit", "export"])
+def test_checkpoint_with_a_pickle_payload_is_refused_and_never_runs(run_cli, tmp_path, capsys, command):
+    marker = tmp_path / "pwned"
+    good = run_cli("fit").trainer.checkpoint_callback.best_model_path
+    evil = tmp_path / "evil.ckpt"
+    checkpoint = torch.load(good, weights_only=True)
+    checkpoint["hyper_parameters"]["surprise"] = Payload(marker)
+    torch.save(checkpoint, evil)
+    with pytest.raises(SystemExit):
+        if command == "export":
+            cli_main(["export", f"--ckpt_path={evil}", "--format=state_dict", f"--output={tmp_path / 'w.pt'}"])
+        else:
+            run_cli(command, f"--ckpt_path={evil}")
+    assert "was refused" in capsys.readouterr().err
+    assert not marker.exists()
+
+
+def test_no_code_path_disables_the_safe_loader():
+    sources = "\n".join(p.read_text() for p in (ROOT / "project").rglob("*.py"))
+    assert "weights_only=False" not in sources
+    assert "weights_only=True" in sources

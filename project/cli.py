@@ -9,6 +9,7 @@ import lightning as L
 import torch
 from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -45,6 +46,12 @@ class MNISTCLI(LightningCLI):
             default="highest",
             help="torch.set_float32_matmul_precision: 'high' enables TF32 matmuls on Ampere-or-newer GPUs.",
         )
+        parser.add_argument(
+            "--test_after_fit",
+            type=bool,
+            default=False,
+            help="After fit, test the best checkpoint in the same run (its test/acc goes into TensorBoard's HParams).",
+        )
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
         parser.link_arguments("data.num_classes", "model.net.init_args.num_classes", apply_on="instantiate")
 
@@ -80,9 +87,25 @@ class MNISTCLI(LightningCLI):
         path = Path(ckpt).resolve()
         run = path.parent.parent  # <save_dir>/<name>/<version>/checkpoints/<file>.ckpt
         resuming_a_run = run_root is not None and path.parent.name == "checkpoints" and run.parent == run_root.resolve()
-        if subcommand == "fit" and resuming_a_run:
-            logger.version = run.name  # keep logging into the run being resumed
-            rank_zero_info(f"Resuming {run} from {path.name}.")
+        if subcommand in ("fit", "validate", "test") and resuming_a_run:
+            logger.version = run.name  # log into the checkpoint's own run (fit: resume it)
+            rank_zero_info(f"{'Resuming' if subcommand == 'fit' else 'Logging into'} {run} ({path.name}).")
+
+    def after_fit(self) -> None:
+        """Optionally test the best checkpoint, then give TensorBoard's HParams tab the run's real results."""
+        trainer = self.trainer
+        metrics = {}
+        if "val/acc_best" in trainer.callback_metrics:
+            metrics["val/acc_best"] = float(trainer.callback_metrics["val/acc_best"])
+        if self.config.fit.test_after_fit:
+            best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+            results = trainer.test(self.model, datamodule=self.datamodule, ckpt_path="best" if best else None)
+            metrics["test/acc"] = results[0]["test/acc"]
+        for logger in trainer.loggers:
+            if isinstance(logger, TensorBoardLogger) and metrics:
+                logger.log_hyperparams(
+                    {"model": dict(self.model.hparams), "data": dict(self.datamodule.hparams)}, metrics
+                )
 
     def instantiate_classes(self) -> None:
         try:

@@ -14,12 +14,19 @@ from PIL import Image
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, random_split
 from torchvision import transforms
-from torchvision.datasets import MNIST
+from torchvision.datasets import KMNIST, MNIST, FashionMNIST
 
 from project.images import load_folder
 
 MEAN, STD = 0.1307, 0.3081
-# The four IDX files torchvision's MNIST reads from <data_dir>/MNIST/raw/, with their dimensionality.
+# Same IDX format, same 28x28 greyscale, 10 classes: the torchvision class (which names the folder
+# <data_dir>/<class name>/raw/ and downloads it), and the training set's pixel mean and std.
+DATASETS: dict[str, tuple[type[MNIST], float, float]] = {
+    "mnist": (MNIST, MEAN, STD),
+    "fashion_mnist": (FashionMNIST, 0.2860, 0.3530),
+    "kmnist": (KMNIST, 0.1918, 0.3483),
+}
+# The four IDX files torchvision reads from <data_dir>/<class name>/raw/, with their dimensionality.
 IDX_FILES = {
     "train-images-idx3-ubyte": 3,
     "train-labels-idx1-ubyte": 1,
@@ -78,7 +85,7 @@ def load_split(raw_dir: Path, prefix: str) -> tuple[Tensor, Tensor]:
             f"{images_path} holds {images.shape[0]} images but {labels_path} holds {labels.shape[0]} labels."
         )
     if labels.numel() and int(labels.max()) > 9:
-        raise MNISTDataError(f"{labels_path} holds label {int(labels.max())}; MNIST labels are 0-9.")
+        raise MNISTDataError(f"{labels_path} holds label {int(labels.max())}; labels must be 0-9.")
     return images, labels
 
 
@@ -131,18 +138,21 @@ def keep_batch(batch: tuple[Tensor, Tensor] | Tensor) -> tuple[Tensor, Tensor] |
     return batch
 
 
-def normalize(images: Tensor) -> Tensor:
+def normalize(images: Tensor, mean: float = MEAN, std: float = STD) -> Tensor:
     """uint8 images (B, H, W) → float (B, 1, H, W), with exactly the arithmetic of ToTensor + Normalize."""
-    return images.unsqueeze(1).float().div(255).sub(MEAN).div(STD)
+    return images.unsqueeze(1).float().div(255).sub(mean).div(std)
 
 
-def random_shift_rotate(x: Tensor, max_shift: float = 2.0, max_degrees: float = 10.0) -> Tensor:
+def random_shift_rotate(
+    x: Tensor, max_shift: float = 2.0, max_degrees: float = 10.0, background: float = -MEAN / STD
+) -> Tensor:
     """Shift each image by up to ``max_shift`` pixels and rotate it by up to ``max_degrees``, on x's device.
 
     Args:
         x: Normalised images (B, C, H, W); the border is filled with the background value (pixel 0).
         max_shift: Largest translation in pixels along each axis.
         max_degrees: Largest rotation in degrees, either way.
+        background: The normalised value of a black pixel, used for the uncovered border.
     """
     b, _, h, w = x.shape
     angle = (torch.rand(b, device=x.device) * 2 - 1) * math.radians(max_degrees)
@@ -151,15 +161,15 @@ def random_shift_rotate(x: Tensor, max_shift: float = 2.0, max_degrees: float = 
     cos, sin = angle.cos(), angle.sin()
     theta = torch.stack([torch.stack([cos, -sin, shift[:, 0]], 1), torch.stack([sin, cos, shift[:, 1]], 1)], 1)
     grid = F.affine_grid(theta.to(x.dtype), list(x.shape), align_corners=False)
-    background = -MEAN / STD
     return F.grid_sample(x - background, grid, align_corners=False, padding_mode="zeros") + background
 
 
 class MNISTDataModule(L.LightningDataModule):
-    """MNIST loaded through torchvision, normalised with mean 0.1307 / std 0.3081.
+    """MNIST (or Fashion-MNIST, KMNIST) through torchvision, normalised with the training set's mean / std.
 
     Args:
         data_dir: Folder holding ``MNIST/raw/``; ``None`` means ``$PATH_DATASETS``, else ``data/``.
+        dataset: ``mnist``, ``fashion_mnist`` (folder ``FashionMNIST/raw/``) or ``kmnist`` (``KMNIST/raw/``).
         batch_size: Samples per batch (per process under DDP).
         num_workers: DataLoader worker processes.
         pin_memory: Pin host memory for faster copies to a GPU.
@@ -177,6 +187,7 @@ class MNISTDataModule(L.LightningDataModule):
     def __init__(
         self,
         data_dir: str | None = None,
+        dataset: Literal["mnist", "fashion_mnist", "kmnist"] = "mnist",
         batch_size: int = 64,
         num_workers: int = 0,
         pin_memory: bool = False,
@@ -193,8 +204,12 @@ class MNISTDataModule(L.LightningDataModule):
         for key, value, low in limits:
             if value < low:
                 raise ValueError(f"data.{key} must be at least {low}, got {value}.")
+        if dataset not in DATASETS:
+            raise ValueError(f"data.dataset must be one of {', '.join(DATASETS)}, got {dataset!r}.")
         self.save_hyperparameters()
         self.data_dir = Path(data_dir if data_dir is not None else os.environ.get("PATH_DATASETS", "data"))
+        self.dataset = dataset
+        self.torchvision_class, self.mean, self.std = DATASETS[dataset]
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.pin_memory = pin_memory
@@ -208,7 +223,7 @@ class MNISTDataModule(L.LightningDataModule):
         # Set by setup("predict") with predict_dir: the image of each prediction, and the undecodable files.
         self.predict_files: list[Path] = []
         self.predict_failures: list[tuple[Path, str]] = []
-        self.transform = transforms.Compose([transforms.ToTensor(), transforms.Normalize((MEAN,), (STD,))])
+        self.transform = transforms.Compose([transforms.ToTensor(), transforms.Normalize((self.mean,), (self.std,))])
         self.splits: dict[str, Dataset] = {}
 
     @property
@@ -217,7 +232,7 @@ class MNISTDataModule(L.LightningDataModule):
 
     @property
     def raw_dir(self) -> Path:
-        return self.data_dir / "MNIST" / "raw"
+        return self.data_dir / self.torchvision_class.__name__ / "raw"
 
     def _missing_files(self) -> list[str]:
         return [name for name in IDX_FILES if not (self.raw_dir / name).is_file()]
@@ -232,14 +247,15 @@ class MNISTDataModule(L.LightningDataModule):
         error = "downloading is off (--data.download false)"
         if self.download:
             try:
-                MNIST(self.data_dir, train=True, download=True)
-                MNIST(self.data_dir, train=False, download=True)
+                self.torchvision_class(self.data_dir, train=True, download=True)
+                self.torchvision_class(self.data_dir, train=False, download=True)
             except Exception as exc:  # urllib, HTTP, checksum and permission errors all end here
                 error = f"the download failed: {type(exc).__name__}: {str(exc).strip().splitlines()[-1]}"
             missing = self._missing_files()
         if missing:
             raise MNISTDataError(
-                f"MNIST files missing from {self.raw_dir.resolve()}: {', '.join(missing)}; {error}. {HOW_TO_PROVIDE}"
+                f"{self.dataset} files missing from {self.raw_dir.resolve()}: {', '.join(missing)}; {error}. "
+                f"{HOW_TO_PROVIDE}"
             )
 
     def setup(self, stage: str) -> None:
@@ -254,7 +270,7 @@ class MNISTDataModule(L.LightningDataModule):
         missing = self._missing_files()
         if missing:  # prepare_data runs on one process per node only, so say it again here.
             raise MNISTDataError(
-                f"MNIST files missing from {self.raw_dir.resolve()}: {', '.join(missing)}. {HOW_TO_PROVIDE}"
+                f"{self.dataset} files missing from {self.raw_dir.resolve()}: {', '.join(missing)}. {HOW_TO_PROVIDE}"
             )
         if stage in ("fit", "validate") or (stage == "predict" and self.predict_split != "test"):
             images, labels = load_split(self.raw_dir, "train")
@@ -300,7 +316,7 @@ class MNISTDataModule(L.LightningDataModule):
         """Normalise (and, when training with ``augment``, shift/rotate) in-memory batches on their device."""
         x, y = (batch, None) if isinstance(batch, Tensor) else batch
         if x.dtype == torch.uint8:
-            x = normalize(x)
+            x = normalize(x, self.mean, self.std)
         if self.augment and self.trainer is not None and self.trainer.training:
-            x = random_shift_rotate(x)
+            x = random_shift_rotate(x, background=-self.mean / self.std)
         return x if y is None else (x, y)

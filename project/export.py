@@ -44,16 +44,16 @@ def build_net(config: dict[str, Any]) -> nn.Module:
     return getattr(importlib.import_module(module), name)(**config["init_args"])
 
 
-def test_images(data_dir: str | None, n: int | None) -> tuple[Tensor, Tensor] | None:
+def test_images(data_dir: str | None, n: int | None, dataset: str = "mnist") -> tuple[Tensor, Tensor] | None:
     """The first ``n`` (all when None) normalised test images (N, 1, 28, 28) and labels, or None without data."""
-    dm = MNISTDataModule(data_dir=data_dir)
+    dm = MNISTDataModule(data_dir=data_dir, dataset=dataset)
     try:
         dm.setup("test")
     except MNISTDataError:
         return None
     dataset = dm.splits["test"]
     count = len(dataset) if n is None else min(n, len(dataset))
-    return normalize(dataset.images[:count]), dataset.labels[:count]
+    return normalize(dataset.images[:count], dm.mean, dm.std), dataset.labels[:count]
 
 
 def run_onnx(path: Path, x: Tensor, batch: int = 1000) -> Tensor:
@@ -98,19 +98,20 @@ def export(
         raise ValueError(f"--quantize must be int8, got {quantize!r}")
     if quantize and fmt != "onnx":
         raise ValueError("--quantize int8 is supported with --format onnx (onnxruntime dynamic quantization).")
-    load_checkpoint(ckpt_path)  # refuses a missing, foreign or unsafe file with a clear error, before anything else
+    checkpoint = load_checkpoint(ckpt_path)  # refuses a missing, foreign or unsafe file, before anything else
+    dataset = checkpoint.get("datamodule_hyper_parameters", {}).get("dataset", "mnist")
     model = MNISTClassifier.load_from_checkpoint(ckpt_path, map_location="cpu", weights_only=True, compile=False)
     net = model.net.eval().to(memory_format=torch.contiguous_format)
     out = Path(output)
     out.parent.mkdir(parents=True, exist_ok=True)
 
-    data = test_images(data_dir, samples)
+    data = test_images(data_dir, samples, dataset)
     if data is None:  # no data: the checks still run, on random inputs of the training distribution
         x = torch.randn(samples, 1, 28, 28, generator=torch.Generator().manual_seed(0))
-        report: dict[str, Any] = {"checked_on": f"{samples} random inputs (no MNIST test set found)"}
+        report: dict[str, Any] = {"checked_on": f"{samples} random inputs (no {dataset} test set found)"}
     else:
         x = data[0]
-        report = {"checked_on": f"{len(x)} MNIST test images"}
+        report = {"checked_on": f"{len(x)} {dataset} test images"}
     with torch.no_grad():
         reference = net(x)
     report.update(format=fmt, output=str(out), checkpoint=str(ckpt_path))
@@ -130,7 +131,7 @@ def export(
         )
         report["parity"] = parity(reference, run_onnx(onnx_path, x))
         if quantize:
-            report["int8"] = quantize_onnx(onnx_path, out, data_dir)
+            report["int8"] = quantize_onnx(onnx_path, out, data_dir, dataset)
     elif fmt == "pt2":
         program = torch.export.export(net, (x[:2],), dynamic_shapes=({0: torch.export.Dim("batch")},))
         torch.export.save(program, str(out))
@@ -151,7 +152,7 @@ def export(
     return report
 
 
-def quantize_onnx(fp32: Path, int8: Path, data_dir: str | None) -> dict[str, Any]:
+def quantize_onnx(fp32: Path, int8: Path, data_dir: str | None, dataset: str = "mnist") -> dict[str, Any]:
     """Quantize the MatMul/Gemm (Linear) weights of ``fp32`` to int8 into ``int8``; measure size and accuracy."""
     from onnxruntime.quantization import QuantType, quant_pre_process, quantize_dynamic
 
@@ -163,7 +164,7 @@ def quantize_onnx(fp32: Path, int8: Path, data_dir: str | None) -> dict[str, Any
         "int8_bytes": int8.stat().st_size,
         "size_reduction": 1 - int8.stat().st_size / fp32.stat().st_size,
     }
-    data = test_images(data_dir, None)
+    data = test_images(data_dir, None, dataset)
     if data is not None:
         x, y = data
         fp32_acc = (run_onnx(fp32, x).argmax(1) == y).float().mean().item()

@@ -74,7 +74,8 @@ class MNISTClassifier(L.LightningModule):
         # The sanity-check validation run must not count towards the best accuracy.
         self.val_acc_best.reset()
 
-    def _shared_step(self, batch: Batch, stage: str) -> Tensor:
+    def _shared_step(self, batch: Batch, stage: str) -> tuple[Tensor, Tensor]:
+        """Loss and logits (B, C) of one batch, with the stage's loss and accuracy logged."""
         x, y = batch
         logits = self(x)
         loss = self.loss_fn(logits, y)
@@ -92,13 +93,14 @@ class MNISTClassifier(L.LightningModule):
         # Epoch values are averaged across DDP ranks; per-step training values stay local (no sync cost).
         self.log(f"{stage}/loss", loss, on_step=on_step, on_epoch=True, prog_bar=True, sync_dist=True)
         self.log(f"{stage}/acc", acc, on_step=False, on_epoch=True, prog_bar=True)
-        return loss
+        return loss, logits
 
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
-        return self._shared_step(batch, "train")
+        return self._shared_step(batch, "train")[0]
 
-    def validation_step(self, batch: Batch, batch_idx: int) -> Tensor:
-        return self._shared_step(batch, "val")
+    def validation_step(self, batch: Batch, batch_idx: int) -> dict[str, Tensor]:
+        loss, logits = self._shared_step(batch, "val")
+        return {"loss": loss, "logits": logits.detach()}  # logits feed the TensorBoard confusion matrix
 
     def on_validation_epoch_end(self) -> None:
         if self.trainer.sanity_checking:
@@ -107,7 +109,7 @@ class MNISTClassifier(L.LightningModule):
         self.log("val/acc_best", self.val_acc_best.compute(), prog_bar=True, sync_dist=True)
 
     def test_step(self, batch: Batch, batch_idx: int) -> Tensor:
-        return self._shared_step(batch, "test")
+        return self._shared_step(batch, "test")[0]
 
     def predict_step(self, batch: Batch | Tensor, batch_idx: int) -> dict[str, Tensor]:
         """Return ``preds`` (B,) class indices and ``probs`` (B, num_classes) softmax probabilities."""

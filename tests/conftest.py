@@ -79,6 +79,8 @@ def run_cli(mnist_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
             "--trainer.num_sanity_val_steps=0",
             "--trainer.enable_model_summary=false",
         ]
+        if subcommand == "fit":
+            args.append("--test_after_fit=false")  # tests that want it turn it back on
         return cli_main([*args, *extra])
 
     return run

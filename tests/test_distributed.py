@@ -40,7 +40,7 @@ def test_cpu_ddp_overlay_runs_two_processes_and_writes_once(mnist_dir, tmp_path)
     assert [r.name for r in runs] == ["version_0"]  # one TensorBoard run, written by rank 0
     files = written_files(runs[0])
     assert "config.yaml" in files and "hparams.yaml" in files
-    assert sum(f.startswith("events.out.tfevents") for f in files) == 1
+    assert any(f.startswith("events.out.tfevents") for f in files)  # fit, then test_after_fit, in this run
     ckpts = [f for f in files if f.endswith(".ckpt")]
     assert "checkpoints/last.ckpt" in ckpts and len(ckpts) == 2
     state = torch.load(runs[0] / "checkpoints" / "last.ckpt", weights_only=True)
@@ -64,10 +64,12 @@ def test_torchrun_two_nodes_on_loopback(mnist_dir, tmp_path):
         cmd += [f"--node-rank={node}", "--master-addr=127.0.0.1", f"--master-port={port}", "-m", "project", "fit"]
         cmd += [f"--config={DEFAULT_CONFIG}", f"--data.data_dir={mnist_dir}", *SMALL_RUN]
         cmd += ["--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.num_nodes=2", "--trainer.strategy=ddp"]
+        # Testing the best checkpoint needs it on storage all nodes share; these two "nodes" have separate folders.
+        cmd += ["--test_after_fit=false"]
         procs.append(subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outputs = [p.communicate(timeout=240)[0] for p in procs]
     for p, out in zip(procs, outputs, strict=True):
-        assert p.returncode == 0, out[-3000:]
+        assert p.returncode == 0, outputs[0][-2000:] + outputs[1][-2000:]
     assert "GLOBAL_RANK: 1, MEMBER: 2/2" in outputs[1]
     node0 = written_files(tmp_path / "node0")
     assert "logs/mnist/version_0/checkpoints/last.ckpt" in node0 and "logs/mnist/version_0/config.yaml" in node0

@@ -1,0 +1,153 @@
+"""TensorBoard images: input samples, a confusion matrix and the worst-misclassified validation images.
+
+Drawn with PIL (no plotting library), on global rank 0 only, once per validation epoch: the cost is a few
+milliseconds per epoch. The confusion matrix is accumulated on every rank and reduced across them.
+"""
+
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from lightning.pytorch.loggers import TensorBoardLogger
+from PIL import Image, ImageDraw
+from torch import Tensor
+from torchmetrics.classification import MulticlassConfusionMatrix
+
+
+def to_uint8(images: Tensor) -> np.ndarray:
+    """Images (B, 1, H, W) of any scale → uint8 (B, H, W), each stretched to 0-255 for display."""
+    x = images[:, 0].float()
+    low = x.amin(dim=(1, 2), keepdim=True)
+    high = x.amax(dim=(1, 2), keepdim=True)
+    return ((x - low) / (high - low).clamp_min(1e-8) * 255).round().byte().cpu().numpy()
+
+
+def image_grid(images: np.ndarray, captions: list[str] | None = None, columns: int = 8, scale: int = 3) -> np.ndarray:
+    """Tile uint8 images (B, H, W), each enlarged ``scale`` times with an optional caption, into one HWC image."""
+    b, h, w = images.shape
+    caption_h = 12 if captions else 0
+    cell_h, cell_w = h * scale + caption_h + 4, w * scale + 4
+    rows = -(-b // columns)
+    canvas = Image.new("RGB", (columns * cell_w, rows * cell_h), (40, 40, 40))
+    draw = ImageDraw.Draw(canvas)
+    for i in range(b):
+        top, left = (i // columns) * cell_h, (i % columns) * cell_w
+        tile = Image.fromarray(images[i], mode="L").resize((w * scale, h * scale), Image.Resampling.NEAREST)
+        canvas.paste(tile.convert("RGB"), (left + 2, top + 2))
+        if captions:
+            draw.text((left + 2, top + h * scale + 2), captions[i], fill=(255, 220, 80))
+    return np.asarray(canvas)
+
+
+def confusion_image(matrix: Tensor, cell: int = 36) -> np.ndarray:
+    """Draw a confusion matrix (rows: true class, columns: predicted) with counts, shaded by row share; HWC uint8."""
+    counts = matrix.cpu().long()
+    n = counts.shape[0]
+    share = counts.float() / counts.sum(dim=1, keepdim=True).clamp_min(1)
+    margin = 40
+    canvas = Image.new("RGB", (margin + n * cell, margin + n * cell), "white")
+    draw = ImageDraw.Draw(canvas)
+    draw.text((margin, 4), "predicted", fill="black")
+    draw.text((2, margin - 14), "true", fill="black")
+    for k in range(n):
+        draw.text((margin + k * cell + cell // 2 - 3, 22), str(k), fill="black")
+        draw.text((24, margin + k * cell + cell // 2 - 6), str(k), fill="black")
+    for t in range(n):
+        for p in range(n):
+            v = float(share[t, p])
+            # Diagonal in blue, errors in red; darker means a larger share of the true class.
+            colour = (
+                (int(255 * (1 - v)), int(255 * (1 - v)), 255)
+                if t == p
+                else (255, int(255 * (1 - v)), int(255 * (1 - v)))
+            )
+            box = (margin + p * cell, margin + t * cell, margin + (p + 1) * cell - 1, margin + (t + 1) * cell - 1)
+            draw.rectangle(box, fill=colour)
+            text_colour = "white" if v > 0.5 else "black"
+            draw.text((box[0] + 3, box[1] + cell // 2 - 6), str(int(counts[t, p])), fill=text_colour)
+    return np.asarray(canvas)
+
+
+class TensorBoardImages(L.Callback):
+    """Log input samples at the start of training, and after each validation epoch a confusion matrix and a grid
+    of the worst-misclassified validation images (true / predicted label and the probability of the true one).
+
+    Expects ``validation_step`` to return a dict with ``logits`` (B, C). Does nothing without a TensorBoardLogger.
+
+    Args:
+        num_classes: Classes of the confusion matrix.
+        worst: How many misclassified images the grid shows.
+        samples: How many training inputs to show once at the start.
+    """
+
+    def __init__(self, num_classes: int = 10, worst: int = 24, samples: int = 32) -> None:
+        self.confusion = MulticlassConfusionMatrix(num_classes)
+        self.worst = worst
+        self.samples = samples
+        self._worst: tuple[Tensor, Tensor, Tensor, Tensor] | None = None  # images, true, pred, p(true)
+
+    @staticmethod
+    def _tensorboard(trainer: L.Trainer) -> Any:
+        for logger in trainer.loggers:
+            if isinstance(logger, TensorBoardLogger):
+                return logger.experiment
+        return None
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if batch_idx == 0 and trainer.current_epoch == 0 and trainer.is_global_zero:
+            board = self._tensorboard(trainer)
+            if board is not None:
+                x, y = batch
+                grid = image_grid(to_uint8(x[: self.samples]), [str(int(v)) for v in y[: self.samples]])
+                board.add_image("inputs/train_samples", grid, trainer.global_step, dataformats="HWC")
+
+    def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.confusion = self.confusion.to(pl_module.device)
+        self.confusion.reset()
+        self._worst = None
+
+    def on_validation_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        if trainer.sanity_checking or not isinstance(outputs, dict) or "logits" not in outputs:
+            return
+        x, y = batch
+        logits = outputs["logits"].float()
+        self.confusion.update(logits, y)
+        probs = logits.softmax(dim=1)
+        pred = probs.argmax(dim=1)
+        wrong = pred != y
+        if not wrong.any():
+            return
+        p_true = probs[wrong, y[wrong]]
+        # Keep the `worst` misclassified images seen so far (lowest probability of the true class).
+        candidates = (x[wrong].detach().cpu(), y[wrong].cpu(), pred[wrong].cpu(), p_true.cpu())
+        if self._worst is not None:
+            candidates = tuple(torch.cat([a, b]) for a, b in zip(self._worst, candidates, strict=True))
+        keep = candidates[3].argsort()[: self.worst]
+        self._worst = tuple(t[keep] for t in candidates)
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
+        matrix = self.confusion.compute()  # reduced across ranks: every rank must call it
+        board = self._tensorboard(trainer)
+        if not trainer.is_global_zero or board is None:
+            return
+        step = trainer.global_step
+        board.add_image("val/confusion_matrix", confusion_image(matrix), step, dataformats="HWC")
+        if self._worst is not None:
+            images, true, pred, p_true = self._worst
+            captions = [
+                f"{t}→{p} {q:.2f}" for t, p, q in zip(true.tolist(), pred.tolist(), p_true.tolist(), strict=True)
+            ]
+            board.add_image("val/worst_misclassified", image_grid(to_uint8(images), captions), step, dataformats="HWC")

@@ -1,0 +1,88 @@
+"""TensorBoard: a real server on 127.0.0.1 must list the scalars, the images and the hparams of a short run."""
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from project.visuals import confusion_image, image_grid, to_uint8
+
+
+def test_drawings_have_the_expected_shapes():
+    grid = image_grid(to_uint8(torch.randn(10, 1, 28, 28)), [f"{i}" for i in range(10)], columns=4)
+    assert grid.dtype == np.uint8 and grid.shape[2] == 3 and grid.shape[1] == 4 * (28 * 3 + 4)
+    matrix = torch.eye(10, dtype=torch.long) * 5
+    matrix[3, 5] = 2
+    image = confusion_image(matrix)
+    assert image.shape == (40 + 10 * 36, 40 + 10 * 36, 3)
+    # A correct cell is blue, an error cell red, an empty off-diagonal cell white.
+    cell = lambda t, p: image[40 + t * 36 + 30, 40 + p * 36 + 30]  # noqa: E731
+    assert cell(0, 0)[2] == 255 and cell(0, 0)[0] < 100
+    assert cell(3, 5)[0] == 255 and cell(3, 5)[2] < 255
+    assert tuple(cell(1, 2)) == (255, 255, 255)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(url: str, body: dict | None = None) -> dict:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
+@pytest.fixture
+def tensorboard_run(run_cli, tmp_path) -> Path:
+    run_cli("fit", "--trainer.max_epochs=2", "--test_after_fit=true", "--trainer.log_every_n_steps=1")
+    return tmp_path / "logs"
+
+
+def test_tensorboard_server_lists_scalars_images_and_hparams(tensorboard_run):
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tensorboard.main", f"--logdir={tensorboard_run}", "--host=127.0.0.1", f"--port={port}"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    base = f"http://127.0.0.1:{port}/data/plugin"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                scalars = get(f"{base}/scalars/tags")
+                if scalars:
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline and server.poll() is None, "tensorboard did not start"
+            time.sleep(0.5)
+        run = "mnist/version_0"
+        for tag in ("train/loss_step", "train/acc", "val/loss", "val/acc", "val/acc_best", "test/acc", "lr-AdamW"):
+            assert tag in scalars[run], tag
+        images = get(f"{base}/images/tags")[run]
+        assert {"inputs/train_samples", "val/confusion_matrix", "val/worst_misclassified"} <= set(images)
+        assert images["val/confusion_matrix"]["samples"] == 1
+
+        experiment = get(f"{base}/hparams/experiment", {"experimentName": ""})
+        metric_tags = {m["name"]["tag"] for m in experiment["metricInfos"]}
+        assert metric_tags == {"val/acc_best", "test/acc"}
+        hparams = {h["name"] for h in experiment["hparamInfos"]}
+        assert {"model/optimizer/init_args/lr", "data/batch_size", "model/net/class_path"} <= hparams
+        # The HParams values are the real results, not Lightning's -1 placeholder.
+        test_acc = get(f"{base}/scalars/scalars?run={run}&tag=test/acc")
+        assert all(0 <= point[2] <= 1 for point in test_acc)
+        assert "hp_metric" not in scalars[run]
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

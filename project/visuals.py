@@ -41,10 +41,13 @@ def image_grid(images: np.ndarray, captions: list[str] | None = None, columns: i
 
 
 def confusion_image(matrix: Tensor, cell: int = 36) -> np.ndarray:
-    """Draw a confusion matrix (rows: true class, columns: predicted) with counts, shaded by row share; HWC uint8."""
+    """Draw a confusion matrix (rows: true class, columns: predicted) with its counts, as HWC uint8."""
     counts = matrix.cpu().long()
     n = counts.shape[0]
     share = counts.float() / counts.sum(dim=1, keepdim=True).clamp_min(1)
+    # Errors are shaded against the largest error, so that a handful of confusions still stands out.
+    errors = counts.float().fill_diagonal_(0)
+    error_share = errors / errors.max().clamp_min(1)
     margin = 40
     canvas = Image.new("RGB", (margin + n * cell, margin + n * cell), "white")
     draw = ImageDraw.Draw(canvas)
@@ -55,8 +58,8 @@ def confusion_image(matrix: Tensor, cell: int = 36) -> np.ndarray:
         draw.text((24, margin + k * cell + cell // 2 - 6), str(k), fill="black")
     for t in range(n):
         for p in range(n):
-            v = float(share[t, p])
-            # Diagonal in blue, errors in red; darker means a larger share of the true class.
+            v = float(share[t, p] if t == p else error_share[t, p])
+            # Diagonal in blue (share of the true class), errors in red (relative to the largest error).
             colour = (
                 (int(255 * (1 - v)), int(255 * (1 - v)), 255)
                 if t == p

@@ -28,9 +28,9 @@ def synthetic_digits(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     return images.to(torch.uint8), labels.to(torch.uint8)
 
 
-def make_mnist(root: Path) -> Path:
-    """Write the four MNIST IDX files under ``root/MNIST/raw`` and return ``root``."""
-    raw = root / "MNIST" / "raw"
+def make_mnist(root: Path, folder: str = "MNIST") -> Path:
+    """Write the four IDX files under ``root/<folder>/raw`` (MNIST, FashionMNIST, KMNIST) and return ``root``."""
+    raw = root / folder / "raw"
     raw.mkdir(parents=True)
     for prefix, n, seed in (("train", N_TRAIN, 0), ("t10k", N_TEST, 1)):
         images, labels = synthetic_digits(n, seed)

@@ -5,7 +5,7 @@ import pytest
 import torch
 from torchvision.datasets import MNIST
 
-from project.data import IDX_FILES, MEAN, STD, MNISTDataError, MNISTDataModule
+from project.data import DATASETS, IDX_FILES, MEAN, STD, MNISTDataError, MNISTDataModule
 from tests.conftest import N_TEST, N_TRAIN
 
 
@@ -186,3 +186,24 @@ def test_label_count_mismatch_and_bad_val_size(fresh_mnist_dir):
         MNISTDataModule(data_dir=str(fresh_mnist_dir)).setup("test")
     with pytest.raises(MNISTDataError, match="val_size"):
         MNISTDataModule(data_dir=str(fresh_mnist_dir), val_size=N_TRAIN).setup("fit")
+
+
+@pytest.mark.parametrize(("dataset", "folder"), [("fashion_mnist", "FashionMNIST"), ("kmnist", "KMNIST")])
+def test_fashion_mnist_and_kmnist_are_a_config_switch(run_cli, tmp_path, dataset, folder):
+    from tests.conftest import make_mnist
+
+    root = make_mnist(tmp_path / "other", folder)
+    cli = run_cli("fit", f"--data.data_dir={root}", f"--data.dataset={dataset}")
+    dm = cli.datamodule
+    assert dm.raw_dir == root / folder / "raw"
+    mean, std = DATASETS[dataset][1:]
+    x, _ = dm.on_after_batch_transfer(next(iter(dm.val_dataloader())), 0)
+    assert x.min().item() == pytest.approx(-mean / std, abs=1e-5)
+    # The MNIST folder is not looked at: without the files in <folder>/raw the error names that folder.
+    with pytest.raises(MNISTDataError, match=folder):
+        MNISTDataModule(data_dir=str(tmp_path), dataset=dataset, download=False).prepare_data()
+
+
+def test_unknown_dataset_is_refused():
+    with pytest.raises(ValueError, match="data.dataset must be one of mnist, fashion_mnist, kmnist"):
+        MNISTDataModule(dataset="cifar10")

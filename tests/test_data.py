@@ -205,5 +205,5 @@ def test_fashion_mnist_and_kmnist_are_a_config_switch(run_cli, tmp_path, dataset
 
 
 def test_unknown_dataset_is_refused():
-    with pytest.raises(ValueError, match="data.dataset must be one of mnist, fashion_mnist, kmnist"):
+    with pytest.raises(ValueError, match=r"data\.dataset must be one of mnist, fashion_mnist, kmnist"):
         MNISTDataModule(dataset="cifar10")

@@ -68,7 +68,7 @@ def test_torchrun_two_nodes_on_loopback(mnist_dir, tmp_path):
         cmd += ["--test_after_fit=false"]
         procs.append(subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outputs = [p.communicate(timeout=240)[0] for p in procs]
-    for p, out in zip(procs, outputs, strict=True):
+    for p in procs:
         assert p.returncode == 0, outputs[0][-2000:] + outputs[1][-2000:]
     assert "GLOBAL_RANK: 1, MEMBER: 2/2" in outputs[1]
     node0 = written_files(tmp_path / "node0")

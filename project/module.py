@@ -1,5 +1,6 @@
 """The LightningModule: wraps an injected network with the loss, metrics and optimisation recipe."""
 
+import warnings
 from typing import Any
 
 import lightning as L
@@ -46,7 +47,10 @@ class MNISTClassifier(L.LightningModule):
             raise ValueError(f"model.scheduler_interval must be 'epoch' or 'step', got {scheduler_interval!r}")
         # Under LightningCLI the hparams are the config (class paths and init args), which is what lets
         # `MNISTClassifier.load_from_checkpoint(path)` rebuild an injected net with no other argument.
-        self.save_hyperparameters()
+        # load_from_checkpoint passes the rebuilt net object; on_load_checkpoint puts its config back.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*is an instance of `nn.Module`")
+            self.save_hyperparameters()
         self.net = net if net is not None else CNN(num_classes=num_classes)
         self.optimizer = optimizer
         self.scheduler = scheduler
@@ -124,6 +128,12 @@ class MNISTClassifier(L.LightningModule):
             checkpoint["rng_states"]["cuda"] = torch.cuda.get_rng_state_all()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        saved_net = checkpoint.get("hyper_parameters", {}).get("net")
+        if isinstance(saved_net, dict) and isinstance(self.hparams.get("net"), nn.Module):
+            # Keep hparams serialisable (a config, not a pickled module) for the next checkpoint.
+            self.hparams["net"] = self._hparams_initial["net"] = saved_net
+        if self._trainer is None:
+            return  # load_from_checkpoint for inference: leave the caller's random state alone
         states = checkpoint.get("rng_states", {})
         if "torch" in states:
             torch.set_rng_state(states["torch"])

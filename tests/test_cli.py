@@ -81,8 +81,16 @@ def test_checkpoint_round_trip_rebuilds_injected_net(run_cli, mnist_dir):
     ckpt = best_checkpoint(cli)
     trained = cli.model.eval()
 
+    torch.manual_seed(123)
+    CNN(channels=(8, 16), hidden=24)  # building the net draws its initial weights from the RNG...
+    expected = torch.get_rng_state()
+    torch.manual_seed(123)
     loaded = MNISTClassifier.load_from_checkpoint(ckpt, map_location="cpu").eval()  # no other argument
+    # ...and loading for inference does nothing more: the checkpoint's saved RNG state is not restored.
+    assert torch.equal(torch.get_rng_state(), expected)
     assert isinstance(loaded.net, CNN)
+    # Its hparams stay a config, not a pickled module: a checkpoint saved from it loads with weights_only=True.
+    assert loaded.hparams["net"]["class_path"] == "project.net.CNN"
     assert loaded.net.classifier[1].out_features == 24
     dm = cli.datamodule
     x = dm.on_after_batch_transfer(next(iter(dm.val_dataloader())), 0)[0]  # uint8 batch → normalised

@@ -21,12 +21,12 @@ from torchvision import datasets, transforms
 from project.net import CNN
 
 
-def train(data_dir: str, steps: int, warmup: int = 30, epochs: int = 1, seed: int = 0) -> dict:
+def train(data_dir: str, steps: int, warmup: int = 30, epochs: int = 1, seed: int = 0, num_workers: int = 2) -> dict:
     """Train for ``epochs`` (at most ``steps`` steps each when steps > 0) and return throughput figures."""
     torch.manual_seed(seed)
     transform = transforms.Compose([transforms.ToTensor(), transforms.Normalize((0.1307,), (0.3081,))])
     train_set = datasets.MNIST(data_dir, train=True, download=False, transform=transform)
-    loader = DataLoader(train_set, batch_size=64, shuffle=True, num_workers=2)
+    loader = DataLoader(train_set, batch_size=64, shuffle=True, num_workers=num_workers)
     model = CNN()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
 
@@ -63,8 +63,9 @@ def main() -> None:
     parser.add_argument("--data-dir", default=os.environ.get("PATH_DATASETS", "data"), help="folder with MNIST/raw/")
     parser.add_argument("--steps", type=int, default=300, help="training steps (0: whole epochs)")
     parser.add_argument("--warmup", type=int, default=30, help="steps left out of the measurement")
+    parser.add_argument("--num-workers", type=int, default=2, help="DataLoader workers (the tutorial's 2)")
     args = parser.parse_args()
-    print(json.dumps(train(args.data_dir, args.steps, args.warmup)))
+    print(json.dumps(train(args.data_dir, args.steps, args.warmup, num_workers=args.num_workers)))
 
 
 if __name__ == "__main__":

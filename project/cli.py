@@ -87,7 +87,7 @@ class MNISTCLI(LightningCLI):
         path = Path(ckpt).resolve()
         run = path.parent.parent  # <save_dir>/<name>/<version>/checkpoints/<file>.ckpt
         resuming_a_run = run_root is not None and path.parent.name == "checkpoints" and run.parent == run_root.resolve()
-        if subcommand in ("fit", "validate", "test") and resuming_a_run:
+        if subcommand in ("fit", "validate", "test", "predict") and resuming_a_run:
             logger.version = run.name  # log into the checkpoint's own run (fit: resume it)
             rank_zero_info(f"{'Resuming' if subcommand == 'fit' else 'Logging into'} {run} ({path.name}).")
 

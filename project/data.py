@@ -237,6 +237,11 @@ class MNISTDataModule(L.LightningDataModule):
     def _missing_files(self) -> list[str]:
         return [name for name in IDX_FILES if not (self.raw_dir / name).is_file()]
 
+    def _missing_error(self, missing: list[str], why: str = "") -> MNISTDataError:
+        """The one error for absent files: which, where, why (if known), and how to provide them."""
+        where = f"{self.dataset} files missing from {self.raw_dir.resolve()}: {', '.join(missing)}"
+        return MNISTDataError(f"{where}{'; ' + why if why else ''}. {HOW_TO_PROVIDE}")
+
     def prepare_data(self) -> None:
         """Download missing files; when all four are there, touch nothing (the folder may be read-only)."""
         if self.predict_dir is not None and self.trainer is not None and self.trainer.predicting:
@@ -253,10 +258,7 @@ class MNISTDataModule(L.LightningDataModule):
                 error = f"the download failed: {type(exc).__name__}: {str(exc).strip().splitlines()[-1]}"
             missing = self._missing_files()
         if missing:
-            raise MNISTDataError(
-                f"{self.dataset} files missing from {self.raw_dir.resolve()}: {', '.join(missing)}; {error}. "
-                f"{HOW_TO_PROVIDE}"
-            )
+            raise self._missing_error(missing, error)
 
     def setup(self, stage: str) -> None:
         """Check the files and build the datasets; runs on every process, before any training step."""
@@ -269,9 +271,7 @@ class MNISTDataModule(L.LightningDataModule):
             return
         missing = self._missing_files()
         if missing:  # prepare_data runs on one process per node only, so say it again here.
-            raise MNISTDataError(
-                f"{self.dataset} files missing from {self.raw_dir.resolve()}: {', '.join(missing)}. {HOW_TO_PROVIDE}"
-            )
+            raise self._missing_error(missing)
         if stage in ("fit", "validate") or (stage == "predict" and self.predict_split != "test"):
             images, labels = load_split(self.raw_dir, "train")
             if not 0 < self.val_size < len(images):

@@ -92,9 +92,9 @@ class MNISTClassifier(L.LightningModule):
                 "Training stopped; no checkpoint was written for this step."
             )
         acc = getattr(self, f"{stage}_acc")
-        acc(logits, y)
+        acc.update(logits, y)  # logged per epoch only: no need for forward()'s per-batch value
         on_step = stage == "train"
-        # Epoch values are averaged across DDP ranks; per-step training values stay local (no sync cost).
+        # Averaged across DDP ranks (each logged step of train/loss too: one scalar all-reduce).
         self.log(f"{stage}/loss", loss, on_step=on_step, on_epoch=True, prog_bar=True, sync_dist=True)
         self.log(f"{stage}/acc", acc, on_step=False, on_epoch=True, prog_bar=True)
         return loss, logits

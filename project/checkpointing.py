@@ -2,6 +2,8 @@
 
 import os
 import pickle
+import signal
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +22,20 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     """Write each checkpoint to a temporary file in the same folder, fsync it, then rename it into place.
 
     A rename within one filesystem is atomic: a process killed mid-write (SIGKILL, power loss) leaves the
-    previous ``last.ckpt`` intact instead of a truncated one.
+    previous ``last.ckpt`` intact instead of a truncated one. SIGINT and SIGTERM are held back until the write
+    is done: raised inside ``torch.save`` they would surface as a zip-writer error instead of the interrupt that
+    ``SaveOnInterrupt`` handles.
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        pending: list[int] = []
+        previous = {}
+        if threading.current_thread() is threading.main_thread():  # only the main thread may swap handlers
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                previous[signum] = signal.signal(signum, lambda received, _frame: pending.append(received))
         try:
             with tmp.open("wb") as f:
                 torch.save(checkpoint, f)
@@ -35,6 +44,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             os.replace(tmp, path)
         finally:
             tmp.unlink(missing_ok=True)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+            for signum in pending:  # a signal that arrived during the write is delivered now
+                signal.raise_signal(signum)
 
 
 class SaveOnInterrupt(L.Callback):

@@ -195,3 +195,19 @@ def test_no_code_path_disables_the_safe_loader():
     sources = "\n".join(p.read_text() for p in (ROOT / "project").rglob("*.py"))
     assert "weights_only=False" not in sources
     assert "weights_only=True" in sources
+
+
+def test_interrupt_during_a_save_finishes_the_write_then_interrupts(tmp_path, monkeypatch):
+    """Ctrl-C inside torch.save would corrupt the zip writer and hide the interrupt: it waits for the write."""
+    path = tmp_path / "last.ckpt"
+    real_save = torch.save
+
+    def save_then_signal(obj, f):
+        os.kill(os.getpid(), signal.SIGINT)
+        real_save(obj, f)
+
+    monkeypatch.setattr(torch, "save", save_then_signal)
+    with pytest.raises(KeyboardInterrupt):
+        AtomicCheckpointIO().save_checkpoint({"state_dict": {"w": torch.ones(2)}}, path)
+    assert torch.equal(load_checkpoint(path)["state_dict"]["w"], torch.ones(2))
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

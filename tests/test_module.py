@@ -1,3 +1,4 @@
+import pytest
 import torch
 from lightning.pytorch.cli import ReduceLROnPlateau
 
@@ -32,3 +33,21 @@ def test_injected_optimizer_and_plateau_scheduler_carry_their_monitor():
     assert isinstance(config["optimizer"], torch.optim.SGD)
     assert config["lr_scheduler"]["monitor"] == "val/loss"
     assert config["lr_scheduler"]["interval"] == "epoch"
+
+
+def test_epoch_metrics_cover_exactly_one_run_of_the_loader():
+    """test/acc and test/loss are the whole loader's accuracy and mean loss, and a second run starts from zero."""
+    import lightning as L
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.manual_seed(0)
+    model = MNISTClassifier(net=CNN(num_classes=10)).eval()
+    trainer = L.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False)
+    # Batch sizes 32 + 8: the mean loss must be weighted by batch size, not averaged per batch.
+    for n in (40, 23):
+        x, y = torch.randn(n, 1, 28, 28), torch.randint(0, 10, (n,))
+        with torch.no_grad():
+            logits = model(x)
+        scores = trainer.test(model, DataLoader(TensorDataset(x, y), batch_size=32), verbose=False)[0]
+        assert scores["test/acc"] == pytest.approx((logits.argmax(1) == y).float().mean().item(), abs=1e-6)
+        assert scores["test/loss"] == pytest.approx(torch.nn.functional.cross_entropy(logits, y).item(), rel=1e-5)

@@ -79,7 +79,7 @@ class MNISTClassifier(L.LightningModule):
         self.val_acc_best.reset()
 
     def _shared_step(self, batch: Batch, stage: str) -> tuple[Tensor, Tensor]:
-        """Loss and logits (B, C) of one batch, with the stage's loss and accuracy logged."""
+        """Loss and logits (B, C) of one batch; logs the stage's loss and accumulates its accuracy."""
         x, y = batch
         logits = self(x)
         loss = self.loss_fn(logits, y)

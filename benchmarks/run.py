@@ -1,6 +1,6 @@
 """Benchmark the template against the hand-written PyTorch loop, A/B/A/B in one invocation.
 
-    python benchmarks/run.py            # 3 rounds on the real MNIST ($PATH_DATASETS), writes BENCHMARKS.md
+    python benchmarks/run.py            # 5 rounds on the real MNIST ($PATH_DATASETS), writes BENCHMARKS.md
     python benchmarks/run.py --quick    # one short round, about a minute, prints the table only
 
 Variants, each run in its own process so that start-up, memory and threads do not leak between them:
@@ -11,6 +11,8 @@ Variants, each run in its own process so that start-up, memory and threads do no
   (d) configs/fast.yaml: a full fit, then test on the best checkpoint; time to >= 99% test accuracy.
 Throughput is the median of steady-state training samples/s (the first steps are left out); data wait is the
 share of step time spent between the end of one step and the start of the next (fetching the batch).
+A shared or throttled machine drifts by 10-30% within minutes, so rounds alternate a/b/c/d and d/c/b/a (a linear
+drift cancels out of each pair) and the per-round ratio, (b) over the (a) run next to it, is the figure to trust.
 """
 
 import argparse
@@ -148,8 +150,9 @@ LABELS = {
 def table(results: dict[str, list[dict]]) -> str:
     base = statistics.median(r["samples_per_s"] for r in results["a"])
     rows = [
-        "| variant | median samples/s | ratio to (a) | median per-round ratio | data wait | peak RSS (MB) | rounds |",
-        "|---|---:|---:|---:|---:|---:|---|",
+        "| variant | median samples/s | ratio to (a): median of rounds | per-round ratios | ratio of the medians "
+        "| data wait | peak RSS (MB) | samples/s per round |",
+        "|---|---:|---:|---|---:|---:|---:|---|",
     ]
     for name in ("a", "b", "c"):
         rs = results.get(name, [])
@@ -159,12 +162,13 @@ def table(results: dict[str, list[dict]]) -> str:
         wait = statistics.median(r["data_wait"] for r in rs)
         rss = max(r["peak_rss_mb"] for r in rs)
         each = ", ".join(f"{r['samples_per_s']:.0f}" for r in rs)
-        # Each round runs the variants back to back: the ratio within a round cancels slow drifts of the machine.
-        paired = statistics.median(
-            r["samples_per_s"] / a["samples_per_s"] for r, a in zip(rs, results["a"], strict=True)
-        )
+        # Each round runs (a) and (b) back to back: the ratio within a round cancels the machine's slow drifts,
+        # which the ratio of two medians taken from different rounds does not.
+        ratios = [r["samples_per_s"] / a["samples_per_s"] for r, a in zip(rs, results["a"], strict=True)]
+        listed = ", ".join(f"{x:.2f}" for x in ratios)
         rows.append(
-            f"| {LABELS[name]} | {sps:.0f} | {sps / base:.2f} | {paired:.2f} | {wait:.1%} | {rss:.0f} | {each} |"
+            f"| {LABELS[name]} | {sps:.0f} | {statistics.median(ratios):.2f} | {listed} | {sps / base:.2f} "
+            f"| {wait:.1%} | {rss:.0f} | {each} |"
         )
     if results.get("d"):
         rows += [
@@ -184,8 +188,8 @@ def table(results: dict[str, list[dict]]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=3, help="A/B rounds (each runs every variant once)")
-    parser.add_argument("--steps", type=int, default=600, help="training steps per throughput run")
+    parser.add_argument("--rounds", type=int, default=5, help="A/B rounds (each runs every variant once)")
+    parser.add_argument("--steps", type=int, default=400, help="training steps per throughput run")
     parser.add_argument("--warmup", type=int, default=50, help="steps left out of the throughput figure")
     parser.add_argument("--quick", action="store_true", help="1 round of 200 steps, no (d), no BENCHMARKS.md")
     parser.add_argument("--output", default=str(ROOT / "BENCHMARKS.md"), help="where to write the table")
@@ -203,7 +207,8 @@ def main() -> None:
     results: dict[str, list[dict]] = {v: [] for v in variants}
     with tempfile.TemporaryDirectory() as logs:
         for round_ in range(1, args.rounds + 1):
-            for v in variants:
+            # ABBA order: (a) and (b) stay neighbours, and which of them runs first alternates.
+            for v in variants if round_ % 2 else variants[::-1]:
                 started = time.perf_counter()
                 results[v].append(run_variant(v, args.steps, args.warmup, logs))
                 took = time.perf_counter() - started
@@ -216,8 +221,9 @@ def main() -> None:
     Path(args.output).write_text(
         "# Benchmarks\n\n"
         f"Machine: {machine()}.\n\n"
-        f"Command: `PATH_DATASETS=<data> {command}` ({args.rounds} rounds, variants alternating a/b/c/d in each "
-        f"round, {args.steps} training steps per throughput run, the first {args.warmup} left out).\n\n"
+        f"Command: `PATH_DATASETS=<data> {command}` ({args.rounds} rounds, variants in the order a/b/c/d, "
+        f"then d/c/b/a, alternating, {args.steps} training steps per throughput run, the first {args.warmup} "
+        "left out).\n\n"
         f"{report}\n\n"
         "Variants: (a) `benchmarks/baseline_loop.py`; (b) `python -m project fit --config configs/default.yaml "
         f"{' '.join(BASELINE_SETTINGS)}`; (c) `python -m project fit --config configs/default.yaml`; "

@@ -51,3 +51,33 @@ def test_epoch_metrics_cover_exactly_one_run_of_the_loader():
         scores = trainer.test(model, DataLoader(TensorDataset(x, y), batch_size=32), verbose=False)[0]
         assert scores["test/acc"] == pytest.approx((logits.argmax(1) == y).float().mean().item(), abs=1e-6)
         assert scores["test/loss"] == pytest.approx(torch.nn.functional.cross_entropy(logits, y).item(), rel=1e-5)
+
+
+def test_step_loss_is_logged_on_every_step_the_logger_writes(tmp_path):
+    """train/loss_step is logged only on the steps the logger writes, and each written value is that step's loss."""
+    import csv
+
+    import lightning as L
+    from lightning.pytorch.loggers import CSVLogger
+    from torch.utils.data import DataLoader, TensorDataset
+
+    class Losses(L.Callback):
+        def __init__(self) -> None:
+            self.losses: list[float] = []
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            self.losses.append(outputs["loss"].item())
+
+    torch.manual_seed(0)
+    x, y = torch.randn(56, 1, 28, 28), torch.randint(0, 10, (56,))
+    losses = Losses()
+    trainer = L.Trainer(
+        max_epochs=2, log_every_n_steps=3, logger=CSVLogger(tmp_path), callbacks=[losses],
+        enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+    )  # fmt: skip
+    trainer.fit(MNISTClassifier(net=CNN(num_classes=10)), DataLoader(TensorDataset(x, y), batch_size=8))
+    with open(trainer.logger.log_dir + "/metrics.csv") as f:
+        rows = [row for row in csv.DictReader(f) if row["train/loss_step"]]
+    assert [int(row["step"]) for row in rows] == [2, 5, 8, 11]  # 14 steps over two epochs, every third written
+    for row in rows:
+        assert float(row["train/loss_step"]) == pytest.approx(losses.losses[int(row["step"])], rel=1e-6)

@@ -121,6 +121,12 @@ class MNISTCLI(LightningCLI):
         if isinstance(lr, (int, float)) and lr <= 0:
             self.parser.error(f"model.optimizer.init_args.lr must be > 0, got {lr}.")
         torch.set_float32_matmul_precision(config.float32_matmul_precision)
+        if config.trainer.get("enable_progress_bar") is False and config.trainer.get("callbacks"):
+            # The configs list a RichProgressBar; Lightning would refuse it beside enable_progress_bar=false.
+            callbacks = config.trainer.callbacks
+            config.trainer.callbacks = [
+                c for c in callbacks if not str(getattr(c, "class_path", "")).endswith("ProgressBar")
+            ]
         if config.trainer.precision is None:
             config.trainer.precision = recommended_precision(str(config.trainer.accelerator))
             rank_zero_info(f"trainer.precision not set: using {config.trainer.precision!r} for this machine.")

@@ -148,3 +148,11 @@ def test_channels_last_and_default_precision(run_cli):
     cli = run_cli("fit", "--trainer.precision=32-true", "--model.channels_last=false")
     assert cli.trainer.precision == "32-true"
     assert cli.model.net.features[0].weight.is_contiguous()
+
+
+def test_enable_progress_bar_false_drops_the_configured_progress_bar(run_cli):
+    from lightning.pytorch.callbacks import ProgressBar
+
+    cli = run_cli("fit", "--trainer.enable_progress_bar=false")
+    assert not any(isinstance(c, ProgressBar) for c in cli.trainer.callbacks)
+    assert cli.trainer.checkpoint_callback is not None  # the other configured callbacks stay

@@ -24,13 +24,13 @@ FORMATS = ("onnx", "pt2", "state_dict")
 ATOL = 1e-4  # the largest logit difference an export may show against the eager network
 
 
-def net_config(ckpt_path: str) -> dict[str, Any]:
-    """``{"class_path": ..., "init_args": {...}}`` that rebuilds the checkpoint's network (without weights).
+def net_config(checkpoint: dict[str, Any], ckpt_path: str) -> dict[str, Any]:
+    """``{"class_path": ..., "init_args": {...}}`` that rebuilds the network of ``checkpoint`` (without weights).
 
     Raises:
         ValueError: the checkpoint does not describe its network (it was injected as an object from Python).
     """
-    hparams = load_checkpoint(ckpt_path).get("hyper_parameters", {})
+    hparams = checkpoint.get("hyper_parameters", {})
     config = hparams.get("net")
     if config is None:  # MNISTClassifier built its default CNN
         return {"class_path": "project.net.CNN", "init_args": {"num_classes": hparams.get("num_classes", 10)}}
@@ -44,16 +44,15 @@ def build_net(config: dict[str, Any]) -> nn.Module:
     return getattr(importlib.import_module(module), name)(**config["init_args"])
 
 
-def test_images(data_dir: str | None, n: int | None, dataset: str = "mnist") -> tuple[Tensor, Tensor] | None:
-    """The first ``n`` (all when None) normalised test images (N, 1, 28, 28) and labels, or None without data."""
+def test_images(data_dir: str | None, dataset: str = "mnist") -> tuple[Tensor, Tensor] | None:
+    """The normalised test images (N, 1, 28, 28) and their labels (N,), or None without data."""
     dm = MNISTDataModule(data_dir=data_dir, dataset=dataset)
     try:
         dm.setup("test")
     except MNISTDataError:
         return None
-    dataset = dm.splits["test"]
-    count = len(dataset) if n is None else min(n, len(dataset))
-    return normalize(dataset.images[:count], dm.mean, dm.std), dataset.labels[:count]
+    split = dm.splits["test"]
+    return normalize(split.images, dm.mean, dm.std), split.labels
 
 
 def run_onnx(path: Path, x: Tensor, batch: int = 1000) -> Tensor:
@@ -105,12 +104,12 @@ def export(
     out = Path(output)
     out.parent.mkdir(parents=True, exist_ok=True)
 
-    data = test_images(data_dir, samples, dataset)
+    data = test_images(data_dir, dataset)  # read once: the parity check takes the first images, int8 all of them
     if data is None:  # no data: the checks still run, on random inputs of the training distribution
         x = torch.randn(samples, 1, 28, 28, generator=torch.Generator().manual_seed(0))
         report: dict[str, Any] = {"checked_on": f"{samples} random inputs (no {dataset} test set found)"}
     else:
-        x = data[0]
+        x = data[0][:samples]
         report = {"checked_on": f"{len(x)} {dataset} test images"}
     with torch.no_grad():
         reference = net(x)
@@ -131,7 +130,7 @@ def export(
         )
         report["parity"] = parity(reference, run_onnx(onnx_path, x))
         if quantize:
-            report["int8"] = quantize_onnx(onnx_path, out, data_dir, dataset)
+            report["int8"] = quantize_onnx(onnx_path, out, data)
     elif fmt == "pt2":
         program = torch.export.export(net, (x[:2],), dynamic_shapes=({0: torch.export.Dim("batch")},))
         torch.export.save(program, str(out))
@@ -139,7 +138,7 @@ def export(
             report["parity"] = parity(reference, torch.export.load(str(out)).module()(x))
     else:
         torch.save(net.state_dict(), out)
-        config = net_config(ckpt_path)
+        config = net_config(checkpoint, ckpt_path)
         out.with_suffix(".json").write_text(json.dumps(config, indent=2) + "\n")
         fresh = build_net(config).eval()
         fresh.load_state_dict(torch.load(out, map_location="cpu", weights_only=True))
@@ -152,8 +151,9 @@ def export(
     return report
 
 
-def quantize_onnx(fp32: Path, int8: Path, data_dir: str | None, dataset: str = "mnist") -> dict[str, Any]:
-    """Quantize the MatMul/Gemm (Linear) weights of ``fp32`` to int8 into ``int8``; measure size and accuracy."""
+def quantize_onnx(fp32: Path, int8: Path, data: tuple[Tensor, Tensor] | None) -> dict[str, Any]:
+    """Quantize the MatMul/Gemm (Linear) weights of ``fp32`` to int8 into ``int8``; measure size, and accuracy on
+    ``data`` (normalised test images and labels) when there is any."""
     from onnxruntime.quantization import QuantType, quant_pre_process, quantize_dynamic
 
     prepared = fp32.with_name("prepared.onnx")
@@ -164,7 +164,6 @@ def quantize_onnx(fp32: Path, int8: Path, data_dir: str | None, dataset: str = "
         "int8_bytes": int8.stat().st_size,
         "size_reduction": 1 - int8.stat().st_size / fp32.stat().st_size,
     }
-    data = test_images(data_dir, None, dataset)
     if data is not None:
         x, y = data
         fp32_acc = (run_onnx(fp32, x).argmax(1) == y).float().mean().item()

@@ -49,9 +49,7 @@ def child(result_path: str, warmup: int, test: bool, cli_args: list[str]) -> Non
     import lightning as L
     import torch
 
-    from project.cli import MNISTCLI
-    from project.data import MNISTDataModule
-    from project.module import MNISTClassifier
+    from project.lightning_cli import run
 
     class StepTimer(L.Callback):
         """Timestamps of each training batch's start (after the fetch) and end (after the optimizer step)."""
@@ -66,7 +64,7 @@ def child(result_path: str, warmup: int, test: bool, cli_args: list[str]) -> Non
         def on_train_batch_end(self, trainer: L.Trainer, *args: object) -> None:
             self.ends.append(time.perf_counter())
 
-    cli = MNISTCLI(MNISTClassifier, MNISTDataModule, args=cli_args, run=False)
+    cli = run(cli_args, subcommand=False)
     timer = StepTimer()
     cli.trainer.callbacks.append(timer)
     start = time.perf_counter()

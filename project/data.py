@@ -2,6 +2,8 @@
 
 import math
 import os
+import shutil
+import tempfile
 from collections.abc import Callable
 from math import prod
 from pathlib import Path
@@ -33,10 +35,14 @@ IDX_FILES = {
     "t10k-images-idx3-ubyte": 3,
     "t10k-labels-idx1-ubyte": 1,
 }
-HOW_TO_PROVIDE = (
-    "Put the four uncompressed IDX files there, or point the project at a folder that holds "
-    "MNIST/raw/ with `export PATH_DATASETS=/path/to/data` or `--data.data_dir /path/to/data`."
-)
+
+
+def how_to_provide(folder: str = "MNIST") -> str:
+    """The remedy for missing files, naming the dataset's own folder (``MNIST``, ``FashionMNIST``, ``KMNIST``)."""
+    return (
+        "Put the four uncompressed IDX files there, or point the project at a folder that holds "
+        f"{folder}/raw/ with `export PATH_DATASETS=/path/to/data` or `--data.data_dir /path/to/data`."
+    )
 
 
 class MNISTDataError(RuntimeError):
@@ -62,7 +68,7 @@ def read_idx(path: Path, ndim: int) -> Tensor:
     if len(data) < header or data[:4] != bytes([0, 0, 0x08, ndim]):
         raise MNISTDataError(
             f"{path} is not a uint8 IDX file with {ndim} dimension(s) (bad header). "
-            f"Replace it with the original MNIST file. {HOW_TO_PROVIDE}"
+            f"Replace it with the original file. {how_to_provide(path.parent.parent.name)}"
         )
     shape = [int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
     expected = header + prod(shape)
@@ -240,7 +246,8 @@ class MNISTDataModule(L.LightningDataModule):
     def _missing_error(self, missing: list[str], why: str = "") -> MNISTDataError:
         """The one error for absent files: which, where, why (if known), and how to provide them."""
         where = f"{self.dataset} files missing from {self.raw_dir.resolve()}: {', '.join(missing)}"
-        return MNISTDataError(f"{where}{'; ' + why if why else ''}. {HOW_TO_PROVIDE}")
+        remedy = how_to_provide(self.torchvision_class.__name__)
+        return MNISTDataError(f"{where}{'; ' + why if why else ''}. {remedy}")
 
     def prepare_data(self) -> None:
         """Download missing files; when all four are there, touch nothing (the folder may be read-only)."""
@@ -252,13 +259,26 @@ class MNISTDataModule(L.LightningDataModule):
         error = "downloading is off (--data.download false)"
         if self.download:
             try:
-                self.torchvision_class(self.data_dir, train=True, download=True)
-                self.torchvision_class(self.data_dir, train=False, download=True)
+                self._download()
             except Exception as exc:  # urllib, HTTP, checksum and permission errors all end here
                 error = f"the download failed: {type(exc).__name__}: {str(exc).strip().splitlines()[-1]}"
             missing = self._missing_files()
         if missing:
             raise self._missing_error(missing, error)
+
+    def _download(self) -> None:
+        """Download into a temporary folder and move the files into ``raw_dir`` only once all four are there.
+
+        A failed download (offline, a mirror down) then leaves ``data_dir`` exactly as it was: no empty folders.
+        """
+        with tempfile.TemporaryDirectory(prefix="download-") as tmp:
+            self.torchvision_class(tmp, train=True, download=True)
+            self.torchvision_class(tmp, train=False, download=True)
+            fetched = Path(tmp) / self.torchvision_class.__name__ / "raw"
+            self.raw_dir.mkdir(parents=True, exist_ok=True)
+            for name in IDX_FILES:
+                if not (self.raw_dir / name).is_file():
+                    shutil.move(fetched / name, self.raw_dir / name)
 
     def setup(self, stage: str) -> None:
         """Check the files and build the datasets; runs on every process, before any training step."""

@@ -76,9 +76,15 @@ def render(info: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def build_parser() -> argparse.ArgumentParser:
+    """The command's options (also what the README test parses its documented commands with)."""
     parser = argparse.ArgumentParser(prog="python -m project env", description=__doc__)
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = build_parser()
     args = parser.parse_args(argv)
     info = collect()
     print(json.dumps(info, indent=2) if args.json else render(info))

@@ -132,7 +132,8 @@ def export(
         if quantize:
             report["int8"] = quantize_onnx(onnx_path, out, data)
     elif fmt == "pt2":
-        program = torch.export.export(net, (x[:2],), dynamic_shapes=({0: torch.export.Dim("batch")},))
+        # clone: a slice would drag the whole test set into the file (its storage, saved as sample input: 33 MB).
+        program = torch.export.export(net, (x[:2].clone(),), dynamic_shapes=({0: torch.export.Dim("batch")},))
         torch.export.save(program, str(out))
         with torch.no_grad():
             report["parity"] = parity(reference, torch.export.load(str(out)).module()(x))
@@ -177,7 +178,8 @@ def quantize_onnx(fp32: Path, int8: Path, data: tuple[Tensor, Tensor] | None) ->
     return result
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def build_parser() -> argparse.ArgumentParser:
+    """The command's options (also what the README test parses its documented commands with)."""
     parser = argparse.ArgumentParser(prog="python -m project export", description=__doc__)
     parser.add_argument("--ckpt_path", required=True, help="checkpoint written by fit")
     parser.add_argument("--format", choices=FORMATS, required=True, help="what to write")
@@ -186,6 +188,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--data_dir", help="folder holding MNIST/raw/ for the checks (default: $PATH_DATASETS)")
     parser.add_argument("--samples", type=int, default=256, help="test images for the parity check")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output file")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if Path(args.output).exists() and not args.overwrite:
         parser.error(f"{args.output} exists: choose another --output or pass --overwrite")

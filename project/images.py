@@ -14,9 +14,28 @@ from torch import Tensor
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
 
 
-def list_images(folder: Path) -> list[Path]:
-    """Files in ``folder`` (not recursive) with an image suffix, sorted by name."""
-    return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+def list_files(folder: Path) -> list[Path]:
+    """The files in ``folder`` (not recursive, hidden files left out), sorted by name."""
+    return sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
+
+
+def read_image(path: Path) -> Tensor:
+    """Decode ``path`` and prepare it as an MNIST digit (28, 28) uint8.
+
+    Raises:
+        ValueError: naming why the file cannot be predicted: not an image PIL decodes, or blank (no digit in it).
+    """
+    if path.suffix.lower() not in IMAGE_SUFFIXES:
+        raise ValueError(f"not an image file (suffix {path.suffix or 'none'}; expected {', '.join(IMAGE_SUFFIXES)})")
+    try:
+        with Image.open(path) as image:
+            image.load()
+            digit = mnist_style(image)
+    except Exception as exc:  # PIL raises several types for truncated or foreign files
+        raise ValueError(f"cannot decode: {type(exc).__name__}: {exc}") from exc
+    if not digit.any():
+        raise ValueError("blank image: no ink found (one colour throughout), so there is no digit to predict")
+    return digit
 
 
 def mnist_style(image: Image.Image, box: int = 20, size: int = 28) -> Tensor:
@@ -64,11 +83,11 @@ def mnist_style(image: Image.Image, box: int = 20, size: int = 28) -> Tensor:
 
 
 def load_folder(folder: Path) -> tuple[list[Path], Tensor, list[tuple[Path, str]]]:
-    """Decode and preprocess every image in ``folder``.
+    """Decode and preprocess every file in ``folder``.
 
     Returns:
-        The decoded files, their MNIST-style images (N, 28, 28) uint8, and (file, reason) for each file that
-        could not be decoded.
+        The decoded files, their MNIST-style images (N, 28, 28) uint8, and (file, reason) for each file that was
+        skipped: not an image, undecodable, or blank.
 
     Raises:
         FileNotFoundError: ``folder`` is not a folder.
@@ -76,19 +95,17 @@ def load_folder(folder: Path) -> tuple[list[Path], Tensor, list[tuple[Path, str]
     """
     if not folder.is_dir():
         raise FileNotFoundError(f"data.predict_dir: {folder} is not a folder. Give a folder of PNG/JPEG/BMP images.")
-    files = list_images(folder)
-    if not files:
+    files = list_files(folder)
+    if not any(p.suffix.lower() in IMAGE_SUFFIXES for p in files):
         raise ValueError(
             f"data.predict_dir: {folder} holds no images ({', '.join(IMAGE_SUFFIXES)}). Put digit images there."
         )
     decoded, images, failed = [], [], []
     for path in files:
         try:
-            with Image.open(path) as image:
-                image.load()
-                images.append(mnist_style(image))
+            images.append(read_image(path))
             decoded.append(path)
-        except Exception as exc:  # PIL raises several types for truncated or foreign files
-            failed.append((path, f"{type(exc).__name__}: {exc}"))
+        except ValueError as exc:
+            failed.append((path, str(exc)))
     stacked = torch.stack(images) if images else torch.zeros(0, 28, 28, dtype=torch.uint8)
     return decoded, stacked, failed

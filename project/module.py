@@ -25,8 +25,10 @@ class MNISTClassifier(L.LightningModule):
         optimizer: Factory ``params -> Optimizer``; ``None`` means AdamW(lr=1e-3, weight_decay=1e-4).
         scheduler: Factory ``optimizer -> LRScheduler``, or ``None`` for a constant learning rate.
             A scheduler with a ``monitor`` attribute (``lightning.pytorch.cli.ReduceLROnPlateau``) is
-            stepped on that metric.
-        scheduler_interval: Step the scheduler every ``"epoch"`` or every ``"step"``.
+            stepped on that metric; one with ``total_steps = None`` (``project.schedules.WarmupCosineLR``) gets
+            the run's length from the Trainer; one with an ``interval`` attribute is stepped in that unit.
+        scheduler_interval: Step the scheduler every ``"epoch"`` or every ``"step"``, unless it names its own
+            ``interval``.
         channels_last: Store conv weights (and so activations) as NHWC, which oneDNN and cuDNN run faster.
         compile: ``torch.compile`` the network for fit, validate, test and predict; checkpoints keep plain
             parameter names, so they load with or without it.
@@ -165,7 +167,10 @@ class MNISTClassifier(L.LightningModule):
         if self.scheduler is None:
             return optimizer
         scheduler = self.scheduler(optimizer)
-        config = {"scheduler": scheduler, "interval": self.scheduler_interval}
+        if hasattr(scheduler, "total_steps") and scheduler.total_steps is None:
+            # The horizon follows the run (max_epochs, limit_train_batches, accumulation, devices): one key to change.
+            scheduler.total_steps = int(self.trainer.estimated_stepping_batches)
+        config = {"scheduler": scheduler, "interval": getattr(scheduler, "interval", self.scheduler_interval)}
         monitor = getattr(scheduler, "monitor", None)
         if monitor is not None:
             config["monitor"] = monitor

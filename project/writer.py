@@ -28,7 +28,8 @@ class CSVPredictionWriter(BasePredictionWriter):
     ``error``, which names why an image file was skipped.
 
     Args:
-        output: The CSV file to write.
+        output: The CSV file to write; a relative path is taken inside the run's folder (``trainer.log_dir``: for
+            ``predict --ckpt_path <run>/checkpoints/x.ckpt`` that is ``<run>/eval/predict_<n>/``).
         overwrite: Replace an existing ``output``; when false, an existing file is kept and the results go to the
             first free ``<stem>-N.csv`` beside it.
     """
@@ -80,7 +81,10 @@ class CSVPredictionWriter(BasePredictionWriter):
         rows.sort(key=lambda r: (r.get("index") is None, r.get("index") or 0, r.get("path", "")))
         failures = getattr(trainer.datamodule, "predict_failures", None) or []
         rows += [{"path": str(path), "error": reason} for path, reason in failures]
-        self.written = self.output if self.overwrite else free_path(self.output)
+        output = self.output
+        if not output.is_absolute() and trainer.log_dir is not None:
+            output = Path(trainer.log_dir) / output
+        self.written = output if self.overwrite else free_path(output)
         self.written.parent.mkdir(parents=True, exist_ok=True)
         columns: list[str] = []
         for row in rows:

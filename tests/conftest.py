@@ -56,31 +56,70 @@ def fresh_mnist_dir(tmp_path: Path) -> Path:
     return make_mnist(tmp_path / "data")
 
 
+def small_run(mnist_dir: Path, logs: Path) -> list[str]:
+    """Options that make any command tiny: the synthetic data, a few batches, one epoch, logs under ``logs``."""
+    return [
+        f"--data.data_dir={mnist_dir}",
+        "--data.val_size=64",
+        "--data.num_workers=0",
+        "--data.batch_size=32",
+        f"--trainer.logger.init_args.save_dir={logs}",
+        "--trainer.limit_train_batches=3",
+        "--trainer.limit_val_batches=2",
+        "--trainer.limit_test_batches=2",
+        "--trainer.limit_predict_batches=2",
+        "--trainer.max_epochs=1",
+        "--trainer.num_sanity_val_steps=0",
+        "--trainer.enable_model_summary=false",
+    ]
+
+
 @pytest.fixture
 def run_cli(mnist_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """Run ``cli_main`` with the default config on the synthetic data, tiny limits, in tmp_path (logs, CSVs)."""
-    monkeypatch.chdir(tmp_path)  # relative outputs of the config (predictions.csv) land here
+    monkeypatch.chdir(tmp_path)  # relative outputs land here
 
     def run(subcommand: str, *extra: str, config: tuple[str, ...] = ()):
         args = [subcommand, "--config", DEFAULT_CONFIG]
         for c in config:
             args += ["--config", str(ROOT / "configs" / c)]
-        args += [
-            f"--data.data_dir={mnist_dir}",
-            "--data.val_size=64",
-            "--data.num_workers=0",
-            "--data.batch_size=32",
-            f"--trainer.logger.init_args.save_dir={tmp_path / 'logs'}",
-            "--trainer.limit_train_batches=3",
-            "--trainer.limit_val_batches=2",
-            "--trainer.limit_test_batches=2",
-            "--trainer.limit_predict_batches=2",
-            "--trainer.max_epochs=1",
-            "--trainer.num_sanity_val_steps=0",
-            "--trainer.enable_model_summary=false",
-        ]
+        args += small_run(mnist_dir, tmp_path / "logs")
         if subcommand == "fit":
             args.append("--test_after_fit=false")  # tests that want it turn it back on
         return cli_main([*args, *extra])
 
     return run
+
+
+@pytest.fixture(scope="session")
+def trained_ckpt(mnist_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The best checkpoint of one short fit, shared by every test that only reads or evaluates a checkpoint.
+
+    Tests must not write into its run folder: evaluate it with ``run_cli`` (logs elsewhere) or copy it.
+    """
+    logs = tmp_path_factory.mktemp("trained") / "logs"
+    cli = cli_main(["fit", *small_run(mnist_dir, logs), "--test_after_fit=false"])
+    path = Path(cli.trainer.checkpoint_callback.best_model_path)
+    assert path.is_file()
+    return path
+
+
+@pytest.fixture
+def lightning_log():
+    """The messages Lightning's rank-zero logger emits during the test (the CLI's console lines), after filters."""
+    import logging
+
+    messages: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            messages.append(record.getMessage())
+
+    logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    handler = Collect(level=logging.INFO)
+    # Filters of the logger run before its handlers: what reaches this handler is what the console shows.
+    logger.addHandler(handler)
+    try:
+        yield messages
+    finally:
+        logger.removeHandler(handler)

@@ -1,6 +1,7 @@
 """Resume, interruption, non-finite loss, bad configuration and untrusted checkpoints."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -59,9 +60,15 @@ def fit_command(mnist_dir: Path, *extra: str) -> list[str]:
         "--trainer.limit_val_batches=1",
         "--trainer.enable_model_summary=false",
         "--trainer.enable_progress_bar=false",
-        "--trainer.callbacks=[]",  # none of default.yaml's, then add back what the test needs
+        "--trainer.callbacks=[]",  # none of default.yaml's list, then add back what the test needs
+        "--early_stopping=null",
         *extra,
     ]
+
+
+def default_signal_dispositions() -> None:
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_DFL)
 
 
 @pytest.mark.parametrize(("sig", "code", "word"), [(signal.SIGTERM, 143, "SIGTERM"), (signal.SIGINT, 1, "Ctrl-C")])
@@ -70,18 +77,30 @@ def test_interrupt_saves_a_resumable_checkpoint(mnist_dir, tmp_path, sig, code, 
         mnist_dir,
         "--trainer.max_epochs=10000",
         "--trainer.callbacks+=project.checkpointing.SaveOnInterrupt",
-        "--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
-        "--trainer.callbacks.save_last=true",
     )
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    checkpoints = tmp_path / "logs" / "mnist" / "version_0" / "checkpoints"
-    deadline = time.monotonic() + 120
-    while not any(checkpoints.glob("epoch*.ckpt")) and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.2)
-    time.sleep(0.5)  # into the next epoch
-    proc.send_signal(sig)
-    out, _ = proc.communicate(timeout=60)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        # A shell's background job (`nohup pytest &`) ignores SIGINT, and children inherit that: Python would then
+        # never raise KeyboardInterrupt. Give the child the default dispositions a terminal user has.
+        preexec_fn=default_signal_dispositions,
+    )
+    try:
+        checkpoints = tmp_path / "logs" / "mnist" / "version_0" / "checkpoints"
+        deadline = time.monotonic() + 120
+        while not any(checkpoints.glob("epoch*.ckpt")) and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        time.sleep(0.5)  # into the next epoch
+        proc.send_signal(sig)
+        out, _ = proc.communicate(timeout=60)
+    finally:  # a fit of 10000 epochs must never outlive the test
+        proc.kill()
+        proc.wait()
     assert proc.returncode == code, out[-2000:]
     assert f"{word}: stopped at epoch" in out and "Checkpoint saved to" in out and "Traceback" not in out
     last = load_checkpoint(checkpoints / "last.ckpt")
@@ -139,8 +158,10 @@ def test_non_finite_loss_stops_with_the_step_and_causes(run_cli, tmp_path):
         (["--weights_only=false"], "weights_only=false is refused"),
     ],
 )
-def test_bad_configuration_fails_before_training_and_keeps_old_runs(run_cli, tmp_path, capsys, args, expected):
-    run_cli("fit", f"--trainer.logger.init_args.save_dir={tmp_path / 'old'}")
+def test_bad_configuration_fails_before_training_and_keeps_old_runs(
+    run_cli, trained_ckpt, tmp_path, capsys, args, expected
+):
+    shutil.copytree(trained_ckpt.parents[3], tmp_path / "old")  # an earlier run: <save_dir>/mnist/version_0/...
     before = snapshot(tmp_path / "old")
     with pytest.raises(SystemExit) as info:
         run_cli("fit", *args)
@@ -175,9 +196,9 @@ class Payload:
 
 
 @pytest.mark.parametrize("command", ["test", "predict", "validate", "fit", "export"])
-def test_checkpoint_with_a_pickle_payload_is_refused_and_never_runs(run_cli, tmp_path, capsys, command):
+def test_checkpoint_with_a_pickle_payload_is_refused_and_never_runs(run_cli, trained_ckpt, tmp_path, capsys, command):
     marker = tmp_path / "pwned"
-    good = run_cli("fit").trainer.checkpoint_callback.best_model_path
+    good = trained_ckpt
     evil = tmp_path / "evil.ckpt"
     checkpoint = torch.load(good, weights_only=True)
     checkpoint["hyper_parameters"]["surprise"] = Payload(marker)
@@ -207,7 +228,12 @@ def test_interrupt_during_a_save_finishes_the_write_then_interrupts(tmp_path, mo
         real_save(obj, f)
 
     monkeypatch.setattr(torch, "save", save_then_signal)
-    with pytest.raises(KeyboardInterrupt):
-        AtomicCheckpointIO().save_checkpoint({"state_dict": {"w": torch.ones(2)}}, path)
+    # Python's own Ctrl-C handler, whatever the parent left (a background job ignores SIGINT); restored after.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            AtomicCheckpointIO().save_checkpoint({"state_dict": {"w": torch.ones(2)}}, path)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert torch.equal(load_checkpoint(path)["state_dict"]["w"], torch.ones(2))
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

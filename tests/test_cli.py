@@ -8,6 +8,7 @@ import torch
 from project.cli import cli_main
 from project.module import MNISTClassifier
 from project.net import CNN
+from project.schedules import WarmupCosineLR
 from tests.conftest import DEFAULT_CONFIG, ROOT
 
 CONFIGS = sorted(p.name for p in (ROOT / "configs").glob("*.yaml"))
@@ -19,16 +20,28 @@ def best_checkpoint(cli) -> str:
     return path
 
 
-@pytest.mark.parametrize("overlay", CONFIGS)
-def test_every_config_parses(overlay, capsys):
-    configs = ["--config", DEFAULT_CONFIG]
-    if overlay != "default.yaml":
-        configs += ["--config", str(ROOT / "configs" / overlay)]
+def print_config(capsys, *args: str) -> str:
     with pytest.raises(SystemExit) as info:
-        cli_main(["fit", *configs, "--print_config"])
+        cli_main(["fit", *args, "--print_config"])
     assert info.value.code == 0
-    printed = capsys.readouterr().out
-    assert "model:" in printed and "data_dir: null" in printed
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("overlay", CONFIGS)
+def test_an_overlay_alone_resolves_like_the_overlay_over_default(overlay, capsys):
+    alone = print_config(capsys, "--config", str(ROOT / "configs" / overlay))
+    assert "model:" in alone and "data_dir: null" in alone
+    assert alone == print_config(capsys, "--config", DEFAULT_CONFIG, "--config", str(ROOT / "configs" / overlay))
+
+
+def test_fit_without_a_config_is_the_default_recipe(capsys):
+    # default.yaml is the CLI's own default, so it cannot drift from what `fit` runs.
+    assert print_config(capsys) == print_config(capsys, "--config", DEFAULT_CONFIG)
+    resolved = print_config(capsys)
+    for line in ("test_after_fit: true", "monitor: val/acc", "class_path: project.checkpointing.AtomicCheckpointIO"):
+        assert line in resolved, line
+    # One place for the optimizer: LightningCLI's top-level optimizer/lr_scheduler keys are not added.
+    assert "\noptimizer:" not in resolved and "\nlr_scheduler:" not in resolved
 
 
 def test_fit_validate_test_predict(run_cli):
@@ -63,7 +76,7 @@ def test_optimizer_and_scheduler_configs_train(run_cli, overlay):
         assert scheduler.monitor == "val/loss"
     else:
         assert isinstance(optimizer, torch.optim.SGD) and optimizer.defaults["nesterov"]
-        assert isinstance(scheduler.scheduler, torch.optim.lr_scheduler.CosineAnnealingLR)
+        assert isinstance(scheduler.scheduler, WarmupCosineLR) and scheduler.interval == "step"
     assert cli.trainer.current_epoch == 2
 
 
@@ -72,7 +85,7 @@ def test_default_recipe_is_adamw_with_cosine(run_cli):
     optimizer = cli.trainer.optimizers[0]
     assert isinstance(optimizer, torch.optim.AdamW)
     assert optimizer.defaults["lr"] == 1e-3 and optimizer.defaults["weight_decay"] == 1e-4
-    assert isinstance(cli.trainer.lr_scheduler_configs[0].scheduler, torch.optim.lr_scheduler.CosineAnnealingLR)
+    assert isinstance(cli.trainer.lr_scheduler_configs[0].scheduler, WarmupCosineLR)
     assert cli.trainer.gradient_clip_val == 1.0
 
 
@@ -117,12 +130,32 @@ def test_bad_config_key_is_refused_before_training(run_cli, capsys):
     assert "hiden" in capsys.readouterr().err
 
 
-def test_module_entry_point_and_console_script():
+def test_module_entry_point_and_console_script_list_every_command_without_importing_torch():
     for cmd in ([sys.executable, "-m", "project", "--help"], [str(Path(sys.executable).parent / "project"), "--help"]):
         out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-        assert "fit" in out and "predict" in out
+        for command in ("fit", "validate", "test", "predict", "export", "env"):
+            assert f"\n  {command} " in out, command
+        assert out.startswith(f"usage: {'python -m project' if '-m' in cmd else 'project'} <command>")
+    no_args = subprocess.run([sys.executable, "-m", "project"], capture_output=True, text=True)
+    assert no_args.returncode == 2 and "export" in no_args.stdout
+    typo = subprocess.run([sys.executable, "-m", "project", "fti"], capture_output=True, text=True)
+    assert typo.returncode == 2 and "Did you mean 'fit'" in typo.stderr
+    code = "import sys; from project.cli import cli_main\ntry: cli_main(['--help'])\nexcept SystemExit: pass\n"
+    code += "assert 'torch' not in sys.modules and 'lightning' not in sys.modules, 'heavy import for --help'"
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
 
 
+def test_fit_help_shows_the_defaults_that_apply(capsys):
+    with pytest.raises(SystemExit):
+        cli_main(["fit", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert out.startswith("usage: ")
+    assert "(its test/acc goes into TensorBoard's HParams). (type: bool, default: True)" in out
+    assert "--early_stopping" in out and "--checkpoint" in out
+    assert "--optimizer " not in out and "--lr_scheduler " not in out
+
+
+@pytest.mark.slow  # torch.compile: about 45 s on 2 cores
 def test_compile_fit_and_predict_leave_plain_checkpoints(run_cli):
     cli = run_cli("fit", "--model.compile=true", "--model.net.init_args.channels=[4, 8]")
     ckpt = best_checkpoint(cli)
@@ -150,9 +183,84 @@ def test_channels_last_and_default_precision(run_cli):
     assert cli.model.net.features[0].weight.is_contiguous()
 
 
-def test_enable_progress_bar_false_drops_the_configured_progress_bar(run_cli):
-    from lightning.pytorch.callbacks import ProgressBar
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--trainer.logger=false"],
+        ["--trainer.enable_checkpointing=false"],
+        ["--trainer.enable_progress_bar=false"],
+        ["--trainer.logger=false", "--trainer.enable_checkpointing=false", "--trainer.enable_progress_bar=false"],
+    ],
+)
+def test_switching_a_trainer_feature_off_drops_what_needs_it(run_cli, lightning_log, tmp_path, flags):
+    from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ProgressBar
 
-    cli = run_cli("fit", "--trainer.enable_progress_bar=false")
-    assert not any(isinstance(c, ProgressBar) for c in cli.trainer.callbacks)
-    assert cli.trainer.checkpoint_callback is not None  # the other configured callbacks stay
+    from project.checkpointing import SaveOnInterrupt
+    from project.visuals import TensorBoardImages
+
+    cli = run_cli("fit", *flags, "--test_after_fit=true")
+    kinds = tuple(type(c) for c in cli.trainer.callbacks)
+    off = {flag.split("=")[0].removeprefix("--trainer.") for flag in flags}
+    assert any(issubclass(k, (LearningRateMonitor, TensorBoardImages)) for k in kinds) == ("logger" not in off)
+    assert any(issubclass(k, (ModelCheckpoint, SaveOnInterrupt)) for k in kinds) == ("enable_checkpointing" not in off)
+    assert any(issubclass(k, ProgressBar) for k in kinds) == ("enable_progress_bar" not in off)
+    assert cli.trainer.early_stopping_callback is not None  # what does not need the feature stays
+    assert "test/acc" in cli.trainer.callback_metrics  # test_after_fit still ran
+    notice = next(m for m in lightning_log if m.startswith("Switched off with their feature"))
+    if "logger" in off:
+        assert "LearningRateMonitor" in notice and "TensorBoardImages" in notice
+        assert not list(tmp_path.glob("config*.yaml"))  # nothing dropped into the working directory
+    if "enable_checkpointing" in off:
+        assert "ModelCheckpoint" in notice and "SaveOnInterrupt" in notice and "final weights" in notice
+    if "enable_progress_bar" in off:
+        assert "RichProgressBar" in notice
+
+
+def test_named_callbacks_change_from_the_command_line(run_cli):
+    cli = run_cli("fit", "--early_stopping.patience=5", "--checkpoint.monitor=val/loss", "--checkpoint.mode=min")
+    assert cli.trainer.early_stopping_callback.patience == 5
+    assert cli.trainer.checkpoint_callback.monitor == "val/loss" and cli.trainer.checkpoint_callback.mode == "min"
+    cli = run_cli("fit", "--early_stopping=null")
+    assert cli.trainer.early_stopping_callback is None and cli.trainer.checkpoint_callback is not None
+
+
+def test_model_overrides_beside_a_checkpoint_are_named_as_ignored(run_cli, trained_ckpt, lightning_log):
+    cli = run_cli("test", f"--ckpt_path={trained_ckpt}", "--model.net.init_args.hidden=256", "--model.compile=false")
+    assert cli.model.net.classifier[1].out_features == 128  # the checkpoint's network
+    warning = next(m for m in lightning_log if m.startswith("Warning: ignored"))
+    assert "--model.net.init_args.hidden" in warning and str(trained_ckpt) in warning
+    assert "--model.compile" not in warning  # a runtime switch, not the architecture: it applies
+
+
+def test_evaluations_get_their_own_folder_inside_the_run(run_cli, tmp_path):
+    import json
+
+    fit = run_cli("fit")
+    run = Path(fit.trainer.log_dir)
+    ckpt = best_checkpoint(fit)
+    before = sorted(p.name for p in run.iterdir())
+    events = {p: p.stat().st_size for p in run.glob("events.out.tfevents.*")}
+    run_cli("test", f"--ckpt_path={ckpt}")
+    run_cli("test", f"--ckpt_path={ckpt}", "--trainer.limit_test_batches=1")  # a partial test lands apart
+    cli = run_cli("predict", f"--ckpt_path={ckpt}")
+    assert sorted(p.name for p in run.iterdir()) == sorted([*before, "eval"])  # no config-1.yaml, no CSV
+    assert {p: p.stat().st_size for p in run.glob("events.out.tfevents.*")} == events  # training curves untouched
+    assert sorted(p.name for p in (run / "eval").iterdir()) == ["predict_0", "test_0", "test_1"]
+    for name in ("test_0", "test_1"):
+        folder = run / "eval" / name
+        assert (folder / "config.yaml").is_file() and any(folder.glob("events.out.tfevents.*"))
+        assert str(ckpt) in (folder / "config.yaml").read_text()
+        assert 0 <= json.loads((folder / "metrics.json").read_text())["test/acc"] <= 1
+    assert Path(cli.trainer.log_dir) == run / "eval" / "predict_0"
+    assert (run / "eval" / "predict_0" / "predictions.csv").is_file()
+
+
+def test_a_default_fit_prints_only_what_the_user_needs(run_cli, lightning_log, recwarn):
+    import warnings
+
+    warnings.simplefilter("always")  # the CLI's own filters must hold, not pytest's
+    run_cli("fit")
+    printed = "\n".join(lightning_log)
+    for noise in ("💡 Tip", "GPU available: False", "TPU available: False"):
+        assert noise not in printed, noise
+    assert not [w for w in recwarn if "LeafSpec" in str(w.message) or "many workers" in str(w.message)]

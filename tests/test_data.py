@@ -207,3 +207,36 @@ def test_fashion_mnist_and_kmnist_are_a_config_switch(run_cli, tmp_path, dataset
 def test_unknown_dataset_is_refused():
     with pytest.raises(ValueError, match=r"data\.dataset must be one of mnist, fashion_mnist, kmnist"):
         MNISTDataModule(dataset="cifar10")
+
+
+@pytest.mark.parametrize(("dataset", "folder"), [("mnist", "MNIST"), ("fashion_mnist", "FashionMNIST")])
+def test_a_failed_download_writes_nothing_and_the_console_shows_one_line(
+    tmp_path, monkeypatch, capsys, dataset, folder
+):
+    import sys
+
+    from project.cli import main
+
+    def offline(self):
+        (Path(self.root) / folder / "raw").mkdir(parents=True, exist_ok=True)  # what torchvision does first
+        raise RuntimeError("Error downloading:\n<urlopen error [Errno -2] Name or service not known>")
+
+    monkeypatch.setattr(DATASETS[dataset][0], "download", offline)
+    data = tmp_path / "data"
+    data.mkdir()
+    argv = [
+        "project",
+        "fit",
+        f"--data.data_dir={data}",
+        f"--data.dataset={dataset}",
+        f"--trainer.logger.init_args.save_dir={tmp_path / 'logs'}",
+    ]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as info:
+        main()
+    assert info.value.code == 1
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in err
+    assert f"{folder}/raw/ with `export PATH_DATASETS" in lines[0] and "download failed" in lines[0]
+    assert list(data.iterdir()) == []  # no empty FashionMNIST/raw/ left behind

@@ -17,11 +17,8 @@ SMALL_RUN = [
     "--trainer.limit_val_batches=2",
     "--trainer.enable_model_summary=false",
     "--trainer.enable_progress_bar=false",
-    "--trainer.callbacks=[]",
-    "--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
-    "--trainer.callbacks.monitor=val/acc",
-    "--trainer.callbacks.mode=max",
-    "--trainer.callbacks.save_last=true",
+    "--trainer.callbacks=[]",  # the recipe's checkpoint (best on val/acc + last.ckpt) stays
+    "--early_stopping=null",
 ]
 
 

@@ -58,15 +58,20 @@ def write_folder(folder: Path) -> None:
     drawn_seven((80, 60), mode="L").save(folder / "b.jpg")
     drawn_seven((64, 64), dark_on_light=False).save(folder / "c.bmp")
     (folder / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\nthis is not a png")
+    Image.new("RGB", (40, 40), "white").save(folder / "d_blank.png")
     (folder / "notes.txt").write_text("not an image")
 
 
-def test_load_folder_skips_and_reports_undecodable(tmp_path):
+def test_load_folder_skips_and_reports_undecodable_blank_and_other_files(tmp_path):
     write_folder(tmp_path / "imgs")
     files, images, failed = load_folder(tmp_path / "imgs")
     assert [f.name for f in files] == ["a.png", "b.jpg", "c.bmp"]
     assert images.shape == (3, 28, 28)
-    assert [(p.name, "Error" in reason) for p, reason in failed] == [("broken.png", True)]
+    reasons = {p.name: reason for p, reason in failed}
+    assert list(reasons) == ["broken.png", "d_blank.png", "notes.txt"]
+    assert "cannot decode" in reasons["broken.png"] and "Error" in reasons["broken.png"]
+    assert "blank image" in reasons["d_blank.png"]
+    assert "not an image file (suffix .txt" in reasons["notes.txt"]
 
 
 def test_empty_folder_and_folder_without_images_are_clear_errors(tmp_path):
@@ -85,22 +90,22 @@ def test_empty_folder_and_folder_without_images_are_clear_errors(tmp_path):
         MNISTDataModule(predict_dir=str(tmp_path / "bad")).setup("predict")
 
 
-def test_predict_dir_from_the_cli_writes_paths_and_errors(run_cli, tmp_path):
+def test_predict_dir_from_the_cli_writes_paths_and_errors(run_cli, trained_ckpt, tmp_path):
     write_folder(tmp_path / "imgs")
-    ckpt = run_cli("fit").trainer.checkpoint_callback.best_model_path
     # No MNIST is needed to predict on one's own images: point data_dir at an empty folder.
-    run_cli(
+    cli = run_cli(
         "predict",
-        f"--ckpt_path={ckpt}",
+        f"--ckpt_path={trained_ckpt}",
         f"--data.predict_dir={tmp_path / 'imgs'}",
         f"--data.data_dir={tmp_path}",
         "--data.download=false",
     )
-    with (tmp_path / "predictions.csv").open() as f:
+    with (Path(cli.trainer.log_dir) / "predictions.csv").open() as f:
         rows = list(csv.DictReader(f))
-    assert [Path(r["path"]).name for r in rows] == ["a.png", "b.jpg", "c.bmp", "broken.png"]
+    assert [Path(r["path"]).name for r in rows] == ["a.png", "b.jpg", "c.bmp", "broken.png", "d_blank.png", "notes.txt"]
     assert all(r["pred"].isdigit() and not r["error"] for r in rows[:3])
-    assert rows[3]["pred"] == "" and "Error" in rows[3]["error"]
+    assert all(r["pred"] == "" and r["error"] for r in rows[3:])  # skipped, with the reason: no invented digit
+    assert "blank image" in rows[4]["error"] and "not an image file" in rows[5]["error"]
     assert "label" not in rows[0]
     probs = np.array([[float(r[f"prob_{c}"]) for c in range(10)] for r in rows[:3]])
     assert np.allclose(probs.sum(axis=1), 1, atol=1e-4)

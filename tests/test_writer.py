@@ -1,6 +1,8 @@
 import csv
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import N_TEST
 
 
@@ -9,10 +11,11 @@ def read_csv(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-def test_predict_writes_one_row_per_test_image(run_cli, tmp_path):
-    ckpt = run_cli("fit").trainer.checkpoint_callback.best_model_path
-    cli = run_cli("predict", f"--ckpt_path={ckpt}", "--trainer.limit_predict_batches=null")
-    rows = read_csv(tmp_path / "predictions.csv")
+def test_predict_writes_one_row_per_test_image_into_the_run_folder(run_cli, trained_ckpt, tmp_path):
+    cli = run_cli("predict", f"--ckpt_path={trained_ckpt}", "--trainer.limit_predict_batches=null")
+    path = Path(cli.trainer.log_dir) / "predictions.csv"
+    assert not (tmp_path / "predictions.csv").exists()  # never into the working directory
+    rows = read_csv(path)
     assert len(rows) == N_TEST
     assert list(rows[0]) == ["index", "label", "pred", "prob"] + [f"prob_{c}" for c in range(10)] + ["error"]
     assert [int(r["index"]) for r in rows] == list(range(N_TEST))
@@ -26,29 +29,29 @@ def test_predict_writes_one_row_per_test_image(run_cli, tmp_path):
     assert [int(r["pred"]) for r in rows] == preds
 
 
-def test_existing_file_is_kept_unless_overwrite(run_cli, tmp_path):
-    ckpt = run_cli("fit").trainer.checkpoint_callback.best_model_path
-    mine = tmp_path / "predictions.csv"
-    mine.write_text("my precious results\n")
-    run_cli("predict", f"--ckpt_path={ckpt}")
-    assert mine.read_text() == "my precious results\n"
-    assert len(read_csv(tmp_path / "predictions-1.csv")) == 2 * 32  # limit_predict_batches=2, batch 32
-    run_cli("predict", f"--ckpt_path={ckpt}")
-    assert (tmp_path / "predictions-2.csv").is_file()
-
-
-def test_overwrite_flag_replaces_the_file(mnist_dir, tmp_path):
+@pytest.fixture
+def predict_with_writer(mnist_dir):
     import lightning as L
 
     from project.data import MNISTDataModule
     from project.module import MNISTClassifier
     from project.writer import CSVPredictionWriter
 
-    out = tmp_path / "out" / "p.csv"
-    out.parent.mkdir()
-    out.write_text("old\n")
-    writer = CSVPredictionWriter(output=str(out), overwrite=True)
-    trainer = L.Trainer(callbacks=[writer], logger=False, enable_progress_bar=False, limit_predict_batches=1)
-    trainer.predict(MNISTClassifier(), datamodule=MNISTDataModule(data_dir=str(mnist_dir), batch_size=8))
-    assert writer.written == out
-    assert len(read_csv(out)) == 8
+    def predict(out: Path, overwrite: bool) -> CSVPredictionWriter:
+        writer = CSVPredictionWriter(output=str(out), overwrite=overwrite)
+        trainer = L.Trainer(callbacks=[writer], logger=False, enable_progress_bar=False, limit_predict_batches=1)
+        trainer.predict(MNISTClassifier(), datamodule=MNISTDataModule(data_dir=str(mnist_dir), batch_size=8))
+        return writer
+
+    return predict
+
+
+def test_existing_file_is_kept_unless_overwrite(predict_with_writer, tmp_path):
+    mine = tmp_path / "predictions.csv"
+    mine.write_text("my precious results\n")
+    assert predict_with_writer(mine, overwrite=False).written == tmp_path / "predictions-1.csv"
+    assert mine.read_text() == "my precious results\n"
+    assert len(read_csv(tmp_path / "predictions-1.csv")) == 8
+    assert predict_with_writer(mine, overwrite=False).written == tmp_path / "predictions-2.csv"
+    assert predict_with_writer(mine, overwrite=True).written == mine
+    assert len(read_csv(mine)) == 8

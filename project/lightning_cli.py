@@ -1,0 +1,313 @@
+"""fit, validate, test and predict: LightningCLI with the template's recipe as its own default.
+
+The recipe is ``configs/default.yaml``, loaded before any ``--config`` (jsonargparse's ``default_config_files``),
+so ``fit``, ``fit --config configs/best.yaml`` and ``fit --config configs/default.yaml --config configs/best.yaml``
+resolve to the same run, and ``--help`` shows the defaults that really apply.
+"""
+
+import importlib
+import json
+import logging
+import os
+import re
+import warnings
+from pathlib import Path
+from typing import Any, Literal
+
+import lightning as L
+import torch
+from jsonargparse import Namespace
+from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint, ProgressBar
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from project.checkpointing import CheckpointError, SaveOnInterrupt, find_last_checkpoint, load_checkpoint
+from project.data import MNISTDataError, MNISTDataModule
+from project.hardware import recommended_precision
+from project.module import MNISTClassifier
+from project.visuals import TensorBoardImages
+from project.writer import free_path
+
+# The recipe every command starts from; --config files and flags override it key by key.
+DEFAULT_RECIPE = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
+# Errors that name the file, key or value and the remedy: the console script prints them without a traceback.
+USER_ERRORS = (MNISTDataError, CheckpointError, FloatingPointError)
+# A Trainer feature that can be switched off, and the configured callbacks that cannot work without it.
+NEEDS_FEATURE: dict[str, tuple[type, ...]] = {
+    "logger": (LearningRateMonitor, TensorBoardImages),
+    "enable_checkpointing": (ModelCheckpoint, SaveOnInterrupt),
+    "enable_progress_bar": (ProgressBar,),
+}
+# Model arguments that change how the network runs, not what it is: a command-line value beats the checkpoint's.
+RUNTIME_MODEL_KEYS = ("compile", "channels_last")
+
+
+class KeepingSaveConfigCallback(SaveConfigCallback):
+    """Save the resolved config into the run folder; a resumed run keeps the old file and writes ``config-1.yaml``."""
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if not self.already_saved and not self.overwrite and trainer.log_dir is not None:
+            self.config_filename = free_path(Path(trainer.log_dir) / self.config_filename).name
+        super().setup(trainer, pl_module, stage)
+
+
+class LightningNoise(logging.Filter):
+    """Drop Lightning's console lines that are not about the user's run (advertising, absent accelerators)."""
+
+    NOISE = re.compile(r"💡 Tip|GPU available: False|TPU available: False|HPU available: False")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not self.NOISE.search(record.getMessage())
+
+
+def quiet_lightning() -> None:
+    """Filter what Lightning prints that the user can do nothing about; idempotent."""
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        log = logging.getLogger(name)
+        if not any(isinstance(f, LightningNoise) for f in log.filters):
+            log.addFilter(LightningNoise())
+    # Lightning's own use of jsonargparse APIs deprecated upstream: not the user's to fix.
+    os.environ.setdefault("JSONARGPARSE_DEPRECATION_WARNINGS", "off")
+    # Raised inside Lightning's own pytree helper on every fit with torch >= 2.10; nothing for the user to change.
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
+    warnings.filterwarnings("ignore", message=r".*does not have many workers.*")  # num_workers=0 is measured fastest
+    # Resuming into the run's own checkpoint folder is the point of `--ckpt_path last`.
+    warnings.filterwarnings("ignore", message=r".*Checkpoint directory .* exists and is not empty.*")
+    warnings.filterwarnings("ignore", message=r".*args parameter is intended to run from within Python.*")  # we do
+
+
+def resolve(class_path: str) -> type | None:
+    """The class a config's ``class_path`` names, or None if it cannot be imported (jsonargparse will say why)."""
+    module, _, name = class_path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError):
+        return None
+
+
+def logger_init_args(config: Namespace) -> Namespace | None:
+    """The ``init_args`` of a single configured logger (``trainer.logger``), or None."""
+    logger = config.trainer.get("logger")
+    return logger.get("init_args") if isinstance(logger, Namespace) else None
+
+
+def command_line_keys(argv: list[str], prefix: str) -> list[str]:
+    """The dotted keys under ``prefix`` given as ``--key value`` or ``--key=value`` in ``argv``."""
+    keys = [arg[2:].split("=", 1)[0] for arg in argv if arg.startswith(f"--{prefix}")]
+    return list(dict.fromkeys(keys))
+
+
+class MNISTCLI(LightningCLI):
+    """LightningCLI with the recipe as default, named callbacks, features that switch off cleanly, and safe loading.
+
+    Beyond LightningCLI: ``checkpoint`` and ``early_stopping`` are top-level keys (``--early_stopping.patience 5``,
+    ``--early_stopping null``); ``trainer.precision: null`` is the measured default for this machine; a switched-off
+    Trainer feature drops the callbacks that need it; every checkpoint is loaded with the safe unpickler first.
+    """
+
+    def __init__(self, *args: Any, argv: list[str] | None = None, **kwargs: Any) -> None:
+        self._argv = list(argv or [])
+        super().__init__(*args, **kwargs)
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_argument(
+            "--float32_matmul_precision",
+            type=Literal["highest", "high", "medium"],
+            default="highest",
+            help="torch.set_float32_matmul_precision: 'high' enables TF32 matmuls on Ampere-or-newer GPUs.",
+        )
+        parser.add_argument(
+            "--test_after_fit",
+            type=bool,
+            default=False,
+            help="After fit, test the best checkpoint in the same run (its test/acc goes into TensorBoard's HParams).",
+        )
+        # Callbacks users tune most, as keys of their own: `--trainer.callbacks.patience` would change the last
+        # callback of the list instead. null switches one off.
+        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint", subclass_mode=True, required=False)
+        parser.add_lightning_class_args(EarlyStopping, "early_stopping", subclass_mode=True, required=False)
+        parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
+        parser.link_arguments("data.num_classes", "model.net.init_args.num_classes", apply_on="instantiate")
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        super().parse_arguments(parser, args)
+        subcommand = self.config.get("subcommand")
+        if subcommand is not None:  # before LightningCLI reads the checkpoint's hyperparameters
+            try:
+                self._check_checkpoint(self.config[subcommand], subcommand)
+            except CheckpointError as exc:
+                parser.error(str(exc))
+
+    def _check_checkpoint(self, config: Namespace, subcommand: str) -> None:
+        """Resolve ``--ckpt_path last``, refuse missing or unsafe checkpoints, and log into the checkpoint's run."""
+        if config.get("weights_only") is False:
+            raise CheckpointError("weights_only=false is refused: checkpoints are only loaded with weights_only=true.")
+        if "weights_only" in config:
+            config.weights_only = True
+        ckpt = config.get("ckpt_path")
+        if not ckpt or (ckpt in ("best", "hpc", "registry") or (ckpt == "last" and subcommand != "fit")):
+            return  # Lightning's own keywords, resolved by the Trainer
+        logger = logger_init_args(config)
+        run_root = None  # <save_dir>/<name> of the configured logger, where the runs are
+        if logger is not None and logger.get("save_dir"):
+            run_root = Path(logger.save_dir) / (logger.get("name") or "")
+        if ckpt == "last":
+            found = find_last_checkpoint(run_root) if run_root is not None else None
+            if found is None:
+                raise CheckpointError(f"--ckpt_path last: no <run>/checkpoints/last.ckpt under {run_root} to resume.")
+            ckpt = str(found)
+        load_checkpoint(ckpt)
+        config.ckpt_path = ckpt
+        path = Path(ckpt).resolve()
+        run = path.parent.parent  # <save_dir>/<name>/<version>/checkpoints/<file>.ckpt
+        if run_root is None or path.parent.name != "checkpoints" or run.parent != run_root.resolve():
+            return  # a checkpoint from elsewhere: a run folder of its own, as for any run
+        if subcommand == "fit":
+            logger.version = run.name  # resume into the same run: same folder, same TensorBoard curves
+            rank_zero_info(f"Resuming {run} ({path.name}).")
+            return
+        # An evaluation gets a folder of its own inside the run, <run>/eval/<command>_<n>/, with its config, metrics
+        # and predictions: traceable to the run without adding points to the run's own curves.
+        n = 0
+        while (run / "eval" / f"{subcommand}_{n}").exists():
+            n += 1
+        logger.save_dir, logger.name, logger.version = str(run), "eval", f"{subcommand}_{n}"
+        rank_zero_info(f"Evaluating {path.name} of {run}: results in {run / 'eval' / f'{subcommand}_{n}'}.")
+
+    def _parse_ckpt_path(self) -> None:
+        """Rebuild the model from the checkpoint's hyperparameters, and say which command-line model keys lose."""
+        subcommand = self.config.get("subcommand")
+        if not subcommand or not self.config[subcommand].get("ckpt_path"):
+            return super()._parse_ckpt_path()
+        given = self.config[subcommand].model.clone()
+        super()._parse_ckpt_path()
+        model = self.config[subcommand].model
+        ignored = []
+        for key in command_line_keys(self._argv, "model."):
+            top = key.split(".")[1]  # compare the whole argument: `model.net.hidden` is shorthand for init_args
+            if top not in given or given.get(top) == model.get(top):
+                continue
+            if top in RUNTIME_MODEL_KEYS:
+                model[top] = given[top]
+            else:
+                ignored.append(f"--{key}")
+        if ignored:
+            rank_zero_info(
+                f"Warning: ignored {', '.join(ignored)}: the model is rebuilt from the hyperparameters saved in "
+                f"{self.config[subcommand].ckpt_path}, which describe the trained network. To train another one, "
+                "use fit without --ckpt_path (or with --model.init_from <ckpt> ... to start from its weights)."
+            )
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        optimizer = config.model.get("optimizer")
+        lr = optimizer.get("init_args", Namespace()).get("lr") if isinstance(optimizer, Namespace) else None
+        if isinstance(lr, (int, float)) and lr <= 0:
+            self.parser.error(f"model.optimizer.init_args.lr must be > 0, got {lr}.")
+        torch.set_float32_matmul_precision(config.float32_matmul_precision)
+        self._drop_callbacks_of_switched_off_features(config)
+        # `trainer.precision` left unset (null) means "the fastest that is safe here", decided per machine.
+        if config.trainer.precision is None:
+            config.trainer.precision = recommended_precision(str(config.trainer.accelerator))
+            rank_zero_info(f"trainer.precision not set: using {config.trainer.precision!r} for this machine.")
+
+    def _drop_callbacks_of_switched_off_features(self, config: Namespace) -> None:
+        """``--trainer.logger false`` and friends: drop the configured callbacks that need the feature, say which."""
+        dropped: list[str] = []
+        for feature, needers in NEEDS_FEATURE.items():
+            if config.trainer.get(feature) is not False:
+                continue
+            kept = []
+            for callback in config.trainer.get("callbacks") or []:
+                cls = resolve(str(getattr(callback, "class_path", "")))
+                if cls is not None and issubclass(cls, needers):
+                    dropped.append(f"{cls.__name__} (trainer.{feature}=false)")
+                else:
+                    kept.append(callback)
+            if config.trainer.get("callbacks"):
+                config.trainer.callbacks = kept
+            for key in ("checkpoint", "early_stopping"):
+                value = config.get(key)
+                cls = resolve(str(value.class_path)) if isinstance(value, Namespace) else None
+                if cls is not None and issubclass(cls, needers):
+                    config[key] = None
+                    dropped.append(f"{key}: {cls.__name__} (trainer.{feature}=false)")
+        if config.trainer.get("logger") is False:
+            dropped.append("the HParams summary and the saved config.yaml (trainer.logger=false)")
+            self.save_config_callback = None
+        if config.trainer.get("enable_checkpointing") is False and config.get("test_after_fit"):
+            dropped.append("test_after_fit tests the final weights, not the best checkpoint (no checkpointing)")
+        if dropped:
+            rank_zero_info("Switched off with their feature: " + "; ".join(dropped) + ".")
+
+    def instantiate_classes(self) -> None:
+        try:
+            super().instantiate_classes()
+        except ValueError as exc:  # a bad value in the config: say which, without a traceback
+            self.parser.error(str(exc))
+
+    def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
+        # A named callback set to null (`--early_stopping null`) is absent, not None, in the Trainer's list.
+        extra = [self._get(self.config_init, key) for key in self._parser(self.subcommand).callback_keys]
+        trainer_config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
+        return self._instantiate_trainer(trainer_config, [c for c in extra if c is not None])
+
+    def after_fit(self) -> None:
+        """Optionally test the best checkpoint, then give TensorBoard's HParams tab the run's real results."""
+        trainer = self.trainer
+        metrics = {}
+        if "val/acc_best" in trainer.callback_metrics:
+            metrics["val/acc_best"] = float(trainer.callback_metrics["val/acc_best"])
+        if self.config.fit.test_after_fit:
+            best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+            results = trainer.test(self.model, datamodule=self.datamodule, ckpt_path="best" if best else None)
+            metrics["test/acc"] = results[0]["test/acc"]
+        for logger in trainer.loggers:
+            if isinstance(logger, TensorBoardLogger) and metrics:
+                logger.log_hyperparams(
+                    {"model": dict(self.model.hparams), "data": dict(self.datamodule.hparams)}, metrics
+                )
+                logger.experiment.flush()  # the Trainer has finalised the logger already: write it now
+
+    def _write_metrics(self) -> None:
+        """Save an evaluation's metrics as ``metrics.json`` in its folder, beside its config."""
+        trainer = self.trainer
+        if trainer.is_global_zero and trainer.logger is not None and trainer.log_dir:
+            metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+            folder = Path(trainer.log_dir)
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+
+    def after_validate(self) -> None:
+        self._write_metrics()
+
+    def after_test(self) -> None:
+        self._write_metrics()
+
+
+def run(argv: list[str], prog: str = "python -m project", subcommand: bool = True) -> MNISTCLI:
+    """Run ``argv`` (``fit ...``, ``test ...``, ...) through the CLI, starting from the default recipe.
+
+    With ``subcommand=False`` ``argv`` holds only options: the classes are built and nothing is run (benchmarks).
+    """
+    quiet_lightning()
+    defaults = {"default_config_files": [str(DEFAULT_RECIPE)]} if DEFAULT_RECIPE.is_file() else {}
+    if subcommand:
+        parser_kwargs = {"prog": prog, **{command: dict(defaults) for command in LightningCLI.subcommands()}}
+    else:
+        parser_kwargs = {"prog": prog, **defaults}
+    try:
+        return MNISTCLI(
+            MNISTClassifier,
+            MNISTDataModule,
+            args=argv,
+            argv=argv,
+            run=subcommand,
+            save_config_callback=KeepingSaveConfigCallback,
+            auto_configure_optimizers=False,  # one place for the optimizer: model.optimizer / model.scheduler
+            parser_kwargs=parser_kwargs,
+        )
+    except SIGTERMException:  # SaveOnInterrupt has saved a checkpoint and said where: exit without a traceback
+        raise SystemExit(143) from None

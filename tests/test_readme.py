@@ -1,0 +1,57 @@
+"""The README tells the truth: every test it names exists, every `python -m project` command in it parses."""
+
+import importlib
+import re
+import shlex
+
+import pytest
+
+from project.cli import COMMANDS, cli_main
+from tests.conftest import ROOT
+
+README = (ROOT / "README.md").read_text()
+
+
+def named_tests() -> list[tuple[str, str]]:
+    """(file, test) for every `file.py::test_x` and following `::test_y` in the README."""
+    found, current = [], None
+    for file, test in re.findall(r"(?:tests/)?(test_\w+\.py)?::(test_\w+)", README):
+        current = file or current
+        found.append((current, test))
+    return found
+
+
+def documented_commands() -> list[str]:
+    """Every `python -m project ...` line of the README's code blocks, continuations joined, comments dropped."""
+    blocks = re.findall(r"```(?:bash)?\n(.*?)```", README, flags=re.S)
+    commands = []
+    for block in blocks:
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split("  #")[0].strip()
+            if "-m project " in line:
+                commands.append(line[line.index("-m project ") + len("-m project ") :])
+    return commands
+
+
+def test_the_readme_names_only_tests_that_exist():
+    tests = named_tests()
+    assert len(tests) >= 8
+    for file, test in tests:
+        path = ROOT / "tests" / file
+        assert path.is_file(), f"README names {file}, which does not exist"
+        assert re.search(rf"^def {test}\(", path.read_text(), flags=re.M), f"README names {file}::{test}"
+
+
+@pytest.mark.parametrize("command", documented_commands())
+def test_every_documented_command_parses(command, trained_ckpt, capsys):
+    args = shlex.split(command.replace("<best>.ckpt", "x.ckpt"))
+    # Placeholders for a checkpoint stand for a real one.
+    args = [str(trained_ckpt) if a in ("CKPT", "logs/mnist/version_0/checkpoints/x.ckpt") else a for a in args]
+    assert args[0] in COMMANDS, command
+    module = importlib.import_module(f"project.{COMMANDS[args[0]][0]}")
+    if hasattr(module, "build_parser"):
+        module.build_parser().parse_args(args[1:])  # argparse exits on an unknown option or a bad value
+        return
+    with pytest.raises(SystemExit) as info:
+        cli_main([*args, "--print_config"])
+    assert info.value.code == 0, capsys.readouterr().err[-2000:]

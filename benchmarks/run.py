@@ -8,7 +8,9 @@ Variants, each run in its own process so that start-up, memory and threads do no
   (b) template, baseline settings: same data path, fp32, NCHW, batch 64, Adam 1e-3, no scheduler or clipping,
       so (b)/(a) is the cost of Lightning itself.
   (c) template, configs/default.yaml as shipped.
-  (d) configs/fast.yaml: a full fit, then test on the best checkpoint; time to >= 99% test accuracy.
+  (d) configs/fast.yaml: a full fit, then test on the best checkpoint; time to >= 99% test accuracy, the whole
+      process's wall time, and the fixed cost from the start of the process to the first training step.
+  (e) the baseline loop for one whole epoch: the process wall time that (d)'s whole process is compared with.
 Throughput is the median of steady-state training samples/s (the first steps are left out); data wait is the
 share of step time spent between the end of one step and the start of the next (fetching the batch).
 A shared or throttled machine drifts by 10-30% within minutes, so rounds alternate a/b/c/d and d/c/b/a (a linear
@@ -44,8 +46,11 @@ BASELINE_SETTINGS = [
 ]
 
 
-def child(result_path: str, warmup: int, test: bool, cli_args: list[str]) -> None:
-    """Run one template configuration in this process and write its figures to ``result_path`` as JSON."""
+def child(result_path: str, warmup: int, test: bool, started: float, cli_args: list[str]) -> None:
+    """Run one template configuration in this process and write its figures to ``result_path`` as JSON.
+
+    ``started`` is the parent's ``time.time()`` just before it launched this process (imports included).
+    """
     import lightning as L
     import torch
 
@@ -59,6 +64,8 @@ def child(result_path: str, warmup: int, test: bool, cli_args: list[str]) -> Non
             self.ends: list[float] = []
 
         def on_train_batch_start(self, trainer: L.Trainer, *args: object) -> None:
+            if not self.starts:
+                self.first_step_s = time.time() - started  # imports, data, sanity check, set-up
             self.starts.append(time.perf_counter())
 
         def on_train_batch_end(self, trainer: L.Trainer, *args: object) -> None:
@@ -71,6 +78,7 @@ def child(result_path: str, warmup: int, test: bool, cli_args: list[str]) -> Non
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     fit_s = time.perf_counter() - start
     result = {"fit_s": fit_s, "steps": len(timer.ends), "epochs": cli.trainer.current_epoch}
+    result["first_step_s"] = timer.first_step_s
     steady = range(warmup + 1, len(timer.ends))
     if len(steady) > 10:
         elapsed = timer.ends[-1] - timer.ends[warmup]
@@ -97,25 +105,32 @@ def run_variant(name: str, steps: int, warmup: int, logs: str) -> dict:
     # A two-batch validation at the end keeps EarlyStopping satisfied; it falls outside the timed steps.
     limits = [f"--trainer.limit_train_batches={steps}", "--trainer.limit_val_batches=2", "--trainer.max_epochs=1"]
     limits.append("--trainer.num_sanity_val_steps=0")
-    if name == "a":
-        cmd = [sys.executable, str(ROOT / "benchmarks" / "baseline_loop.py"), f"--steps={steps}", f"--warmup={warmup}"]
+    if name in ("a", "e"):  # (e): the whole epoch, for its process time
+        cmd = [sys.executable, str(ROOT / "benchmarks" / "baseline_loop.py"), f"--warmup={warmup}"]
+        cmd.append(f"--steps={steps if name == 'a' else 0}")
+        started = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
         if proc.returncode:
             raise SystemExit(f"baseline failed:\n{proc.stderr[-3000:]}")
-        return json.loads(proc.stdout.strip().splitlines()[-1])
+        result = json.loads(proc.stdout.strip().splitlines()[-1])
+        result["process_s"] = time.perf_counter() - started
+        return result
     flags = []
     if name == "b":
         cli_args = ["--config", DEFAULT, *BASELINE_SETTINGS, *quiet, *limits]
     elif name == "c":
         cli_args = ["--config", DEFAULT, *quiet, *limits]
     else:  # "d": the whole fast recipe, then the test set
-        cli_args = ["--config", DEFAULT, "--config", FAST, *quiet]
+        cli_args = ["--config", FAST, *quiet]  # an overlay runs alone: the recipe is the CLI default
         flags = ["--test"]
-    cmd = [sys.executable, __file__, "--child", out, f"--warmup={warmup}", *flags, "--", *cli_args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    started = time.perf_counter()
+    cmd = [sys.executable, __file__, "--child", out, f"--warmup={warmup}", f"--started={time.time()}", *flags]
+    proc = subprocess.run([*cmd, "--", *cli_args], capture_output=True, text=True, cwd=ROOT)
+    process_s = time.perf_counter() - started
     if proc.returncode:
         raise SystemExit(f"variant {name} failed:\n{proc.stderr[-3000:]}")
     result = json.loads(Path(out).read_text())
+    result["process_s"] = process_s
     Path(out).unlink()
     return result
 
@@ -142,6 +157,7 @@ LABELS = {
     "b": "(b) template, baseline settings",
     "c": "(c) template, configs/default.yaml",
     "d": "(d) configs/fast.yaml, full fit",
+    "e": "(e) baseline loop, one whole epoch",
 }
 
 
@@ -171,16 +187,25 @@ def table(results: dict[str, list[dict]]) -> str:
     if results.get("d"):
         rows += [
             "",
-            "| (d) configs/fast.yaml | fit wall time (s) | test/acc | epochs | reached 99.0% |",
-            "|---|---:|---:|---:|---|",
+            "| (d) configs/fast.yaml | fit wall time (s) | test/acc | epochs | reached 99.0% | start to first step (s) "
+            "| whole process (s) | (e) baseline epoch process (s) | (d)/(e) process |",
+            "|---|---:|---:|---:|---|---:|---:|---:|---:|",
         ]
+        ratios = []
         for i, r in enumerate(results["d"], 1):
+            e = results["e"][i - 1]["process_s"] if results.get("e") else float("nan")
+            ratios.append(r["process_s"] / e)
             rows.append(
-                f"| round {i} | {r['fit_s']:.1f} | {r['test_acc']:.4f} | {r['epochs']} | {r['test_acc'] >= 0.99} |"
+                f"| round {i} | {r['fit_s']:.1f} | {r['test_acc']:.4f} | {r['epochs']} | {r['test_acc'] >= 0.99} "
+                f"| {r['first_step_s']:.1f} | {r['process_s']:.1f} | {e:.1f} | {ratios[-1]:.2f} |"
             )
-        fit = statistics.median(r["fit_s"] for r in results["d"])
-        acc = statistics.median(r["test_acc"] for r in results["d"])
-        rows.append(f"| **median** | **{fit:.1f}** | **{acc:.4f}** | | |")
+        med = {k: statistics.median(r[k] for r in results["d"]) for k in ("fit_s", "test_acc", "first_step_s")}
+        process = statistics.median(r["process_s"] for r in results["d"])
+        e_med = statistics.median(r["process_s"] for r in results["e"]) if results.get("e") else float("nan")
+        rows.append(
+            f"| **median** | **{med['fit_s']:.1f}** | **{med['test_acc']:.4f}** | | | **{med['first_step_s']:.1f}** "
+            f"| **{process:.1f}** | **{e_med:.1f}** | **{statistics.median(ratios):.2f}** |"
+        )
     return "\n".join(rows)
 
 
@@ -193,15 +218,16 @@ def main() -> None:
     parser.add_argument("--output", default=str(ROOT / "BENCHMARKS.md"), help="where to write the table")
     parser.add_argument("--child", help=argparse.SUPPRESS)  # internal: run one variant, write JSON here
     parser.add_argument("--test", action="store_true", help=argparse.SUPPRESS)  # internal: test after the fit
+    parser.add_argument("--started", type=float, help=argparse.SUPPRESS)  # internal: when the parent launched it
     args, rest = parser.parse_known_args()
     if args.child:
-        child(args.child, args.warmup, args.test, [a for a in rest if a != "--"])
+        child(args.child, args.warmup, args.test, args.started, [a for a in rest if a != "--"])
         return
     if "PATH_DATASETS" not in os.environ:
         raise SystemExit("Set PATH_DATASETS to the folder that holds MNIST/raw/ (the real data).")
     if args.quick:
         args.rounds, args.steps, args.warmup = 1, 200, 30
-    variants = ["a", "b", "c"] + ([] if args.quick else ["d"])
+    variants = ["a", "b", "c"] + ([] if args.quick else ["d", "e"])
     results: dict[str, list[dict]] = {v: [] for v in variants}
     with tempfile.TemporaryDirectory() as logs:
         for round_ in range(1, args.rounds + 1):
@@ -219,14 +245,15 @@ def main() -> None:
     Path(args.output).write_text(
         "# Benchmarks\n\n"
         f"Machine: {machine()}.\n\n"
-        f"Command: `PATH_DATASETS=<data> {command}` ({args.rounds} rounds, variants in the order a/b/c/d, "
-        f"then d/c/b/a, alternating, {args.steps} training steps per throughput run, the first {args.warmup} "
+        f"Command: `PATH_DATASETS=<data> {command}` ({args.rounds} rounds, variants in the order a/b/c/d/e, "
+        f"then e/d/c/b/a, alternating, {args.steps} training steps per throughput run, the first {args.warmup} "
         "left out).\n\n"
         f"{report}\n\n"
         "Variants: (a) `benchmarks/baseline_loop.py`; (b) `python -m project fit --config configs/default.yaml "
         f"{' '.join(BASELINE_SETTINGS)}`; (c) `python -m project fit --config configs/default.yaml`; "
-        "(d) `python -m project fit --config configs/default.yaml --config configs/fast.yaml`, then `test` on the "
-        "best checkpoint. Ratios are medians of one run of this script; compare ratios, not absolute times, "
+        "(d) `python -m project fit --config configs/fast.yaml`, then `test` on the best checkpoint; (e) "
+        "`benchmarks/baseline_loop.py --steps 0` (one whole epoch). Ratios are medians of one run of this script; "
+        "compare ratios, not absolute times, "
         "across machines.\n"
     )
     print(f"wrote {args.output}")

@@ -10,6 +10,8 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -50,11 +52,35 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 signal.raise_signal(signum)
 
 
+class BestAndLastCheckpoint(ModelCheckpoint):
+    """``ModelCheckpoint`` whose ``last.ckpt`` is rewritten at every save point, improved or not.
+
+    Lightning 2.6 rewrites ``last.ckpt`` only when a top-k file was saved at the same step: after an epoch whose
+    monitored metric did not improve, ``last.ckpt`` would still hold an older epoch, and ``--ckpt_path last``
+    would silently repeat work. Same arguments as ``ModelCheckpoint``.
+    """
+
+    def _save_last_if_missed(self, trainer: L.Trainer) -> None:
+        if self.save_last and self._last_global_step_saved != trainer.global_step:
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_epoch_end(trainer, pl_module)
+        if not self._should_skip_saving_checkpoint(trainer) and self._should_save_on_train_epoch_end(trainer):
+            self._save_last_if_missed(trainer)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_validation_end(trainer, pl_module)
+        if not self._should_skip_saving_checkpoint(trainer) and not self._should_save_on_train_epoch_end(trainer):
+            self._save_last_if_missed(trainer)
+
+
 class SaveOnInterrupt(L.Callback):
     """On SIGTERM or Ctrl-C during ``fit``, save ``last.ckpt`` in the run's checkpoint folder and say how to resume."""
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        if not isinstance(exception, (KeyboardInterrupt, SIGTERMException)) or not trainer.training:
+        # During fit, also while it validates (trainer.training is False then): a Ctrl-C lands there often.
+        if not isinstance(exception, (KeyboardInterrupt, SIGTERMException)) or trainer.state.fn != TrainerFn.FITTING:
             return
         callback = trainer.checkpoint_callback
         folder = Path(callback.dirpath) if callback and callback.dirpath else Path(trainer.default_root_dir)

@@ -237,6 +237,11 @@ class MNISTDataModule(L.LightningDataModule):
         return 10
 
     @property
+    def class_names(self) -> list[str]:
+        """torchvision's names of the classes: ``0 - zero`` ... for MNIST, ``T-shirt/top`` ... for Fashion-MNIST."""
+        return list(self.torchvision_class.classes)
+
+    @property
     def raw_dir(self) -> Path:
         return self.data_dir / self.torchvision_class.__name__ / "raw"
 

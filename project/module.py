@@ -22,6 +22,8 @@ class MNISTClassifier(L.LightningModule):
         net: The network, mapping images (B, C, H, W) to logits (B, num_classes); ``None`` builds the
             default ``CNN``. From the CLI: ``--model.net.class_path`` / ``--model.net.init_args.*``.
         num_classes: Number of classes; linked from ``data.num_classes`` by the CLI.
+        class_names: The name of each class index, linked from ``data.class_names``; kept in the checkpoint so
+            that ``predict`` can write names beside indices.
         optimizer: Factory ``params -> Optimizer``; ``None`` means AdamW(lr=1e-3, weight_decay=1e-4).
         scheduler: Factory ``optimizer -> LRScheduler``, or ``None`` for a constant learning rate.
             A scheduler with a ``monitor`` attribute (``lightning.pytorch.cli.ReduceLROnPlateau``) is
@@ -38,6 +40,7 @@ class MNISTClassifier(L.LightningModule):
         self,
         net: nn.Module | None = None,
         num_classes: int = 10,
+        class_names: list[str] | None = None,
         optimizer: OptimizerCallable | None = None,
         scheduler: LRSchedulerCallable | None = None,
         scheduler_interval: str = "epoch",
@@ -167,7 +170,7 @@ class MNISTClassifier(L.LightningModule):
         if self.scheduler is None:
             return optimizer
         scheduler = self.scheduler(optimizer)
-        if hasattr(scheduler, "total_steps") and scheduler.total_steps is None:
+        if getattr(scheduler, "follows_trainer", False):
             # The horizon follows the run (max_epochs, limit_train_batches, accumulation, devices): one key to change.
             scheduler.total_steps = int(self.trainer.estimated_stepping_batches)
         config = {"scheduler": scheduler, "interval": getattr(scheduler, "interval", self.scheduler_interval)}

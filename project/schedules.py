@@ -18,7 +18,8 @@ class WarmupCosineLR(LRScheduler):
         optimizer: The optimizer whose learning rates are scheduled.
         warmup_steps: Steps of linear warm-up from ``base_lr / warmup_steps`` up to ``base_lr``; 0 for none.
         min_lr_ratio: The final learning rate as a fraction of the base rate.
-        total_steps: Optimizer steps of the whole run; ``None`` lets the LightningModule take it from the Trainer.
+        total_steps: Optimizer steps of the whole run; ``None`` lets the LightningModule take it from the Trainer
+            (and a resumed run keeps its own Trainer's length rather than the checkpoint's).
         last_epoch: The index of the last step, for resuming (PyTorch's name for it).
     """
 
@@ -40,6 +41,7 @@ class WarmupCosineLR(LRScheduler):
         self.warmup_steps = warmup_steps
         self.min_lr_ratio = min_lr_ratio
         self.total_steps = total_steps
+        self.follows_trainer = total_steps is None  # the horizon is the run's, also after a resume
         super().__init__(optimizer, last_epoch)
 
     def factor(self, step: int) -> float:
@@ -54,3 +56,17 @@ class WarmupCosineLR(LRScheduler):
 
     def get_lr(self) -> list[float]:
         return [base * self.factor(self.last_epoch) for base in self.base_lrs]
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Restore the position in the schedule; a horizon taken from the Trainer stays the current run's.
+
+        A run resumed with a larger ``trainer.max_epochs`` then anneals over the new length from where it was,
+        and its next step already uses the rate of the new schedule (the optimizer's restored rate is replaced).
+        """
+        horizon = self.total_steps
+        super().load_state_dict(state_dict)
+        if self.follows_trainer and horizon is not None:
+            self.total_steps = horizon
+            self._last_lr = self.get_lr()
+            for group, lr in zip(self.optimizer.param_groups, self._last_lr, strict=True):
+                group["lr"] = lr

@@ -79,16 +79,22 @@ class TensorBoardImages(L.Callback):
     Expects ``validation_step`` to return a dict with ``logits`` (B, C). Does nothing without a TensorBoardLogger.
 
     Args:
-        num_classes: Classes of the confusion matrix.
+        num_classes: Classes of the confusion matrix; ``None`` takes the model's ``num_classes``.
         worst: How many misclassified images the grid shows.
         samples: How many training inputs to show once at the start.
     """
 
-    def __init__(self, num_classes: int = 10, worst: int = 24, samples: int = 32) -> None:
-        self.confusion = MulticlassConfusionMatrix(num_classes)
+    def __init__(self, num_classes: int | None = None, worst: int = 24, samples: int = 32) -> None:
+        self.num_classes = num_classes
+        self.confusion = MulticlassConfusionMatrix(num_classes or 10)
         self.worst = worst
         self.samples = samples
         self._worst: tuple[Tensor, Tensor, Tensor, Tensor] | None = None  # images, true, pred, p(true)
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        n = self.num_classes or int(pl_module.hparams.get("num_classes", 10))
+        if self.confusion.num_classes != n:
+            self.confusion = MulticlassConfusionMatrix(n)
 
     @staticmethod
     def _tensorboard(trainer: L.Trainer) -> Any:
@@ -154,3 +160,42 @@ class TensorBoardImages(L.Callback):
                 f"{t}→{p} {q:.2f}" for t, p, q in zip(true.tolist(), pred.tolist(), p_true.tolist(), strict=True)
             ]
             board.add_image("val/worst_misclassified", image_grid(to_uint8(images), captions), step, dataformats="HWC")
+
+
+def line_plot(
+    xs: list[float], ys: list[float], mark: float | None = None, log_x: bool = True, size: tuple[int, int] = (640, 400)
+) -> np.ndarray:
+    """Draw ``ys`` against ``xs`` (log-scaled x by default) with axes, tick labels and an optional vertical marker at
+    x = ``mark``, as HWC uint8. Non-finite points are left out."""
+    points = [(x, y) for x, y in zip(xs, ys, strict=True) if np.isfinite(x) and np.isfinite(y) and (x > 0 or not log_x)]
+    width, height = size
+    left, right, top, bottom = 70, 20, 20, 40
+    canvas = Image.new("RGB", size, "white")
+    draw = ImageDraw.Draw(canvas)
+    if len(points) < 2:
+        draw.text((left, top), "not enough finite points to plot", fill="black")
+        return np.asarray(canvas)
+    tx = (lambda v: float(np.log10(v))) if log_x else float
+    x_lo, x_hi = tx(min(p[0] for p in points)), tx(max(p[0] for p in points))
+    y_lo, y_hi = min(p[1] for p in points), max(p[1] for p in points)
+    x_span, y_span = max(x_hi - x_lo, 1e-12), max(y_hi - y_lo, 1e-12)
+
+    def to_pixel(x: float, y: float) -> tuple[float, float]:
+        px = left + (tx(x) - x_lo) / x_span * (width - left - right)
+        py = top + (1 - (y - y_lo) / y_span) * (height - top - bottom)
+        return px, py
+
+    draw.rectangle((left, top, width - right, height - bottom), outline="black")
+    for i in range(5):  # tick labels: 5 along each axis
+        fx = x_lo + x_span * i / 4
+        px = left + (width - left - right) * i / 4
+        draw.text((px - 14, height - bottom + 6), f"{10**fx if log_x else fx:.0e}", fill="black")
+        fy = y_lo + y_span * i / 4
+        py = top + (height - top - bottom) * (1 - i / 4)
+        draw.text((4, py - 6), f"{fy:.3g}", fill="black")
+    draw.line([to_pixel(x, y) for x, y in points], fill=(30, 90, 200), width=2)
+    if mark is not None and mark > 0:
+        px, _ = to_pixel(mark, y_lo)
+        draw.line([(px, top), (px, height - bottom)], fill=(220, 40, 40), width=1)
+        draw.text((px + 4, top + 4), f"{mark:.2e}", fill=(220, 40, 40))
+    return np.asarray(canvas)

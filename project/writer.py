@@ -24,7 +24,8 @@ class CSVPredictionWriter(BasePredictionWriter):
     """Collect ``predict_step`` outputs and write them, on global rank 0, to one CSV file.
 
     Columns: ``index`` (position in the predicted split) and ``label`` when the data is labelled, or ``path`` for
-    images from ``data.predict_dir``; then ``pred``, ``prob`` (of ``pred``), ``prob_0`` ... ``prob_{C-1}``, and
+    images from ``data.predict_dir``; then ``pred``, ``pred_name`` (when the model knows its class names), ``prob`` (of
+    ``pred``), ``prob_0`` ... ``prob_{C-1}``, and
     ``error``, which names why an image file was skipped.
 
     Args:
@@ -59,11 +60,14 @@ class CSVPredictionWriter(BasePredictionWriter):
         labels = batch[1].cpu().tolist() if isinstance(batch, (tuple, list)) else None
         files = getattr(trainer.datamodule, "predict_files", None) or None
         indices = batch_indices if batch_indices is not None else [None] * len(preds)
+        names = pl_module.hparams.get("class_names")
         for i, index in enumerate(indices):
             row: dict[str, Any] = {"path": str(files[index])} if files else {"index": index}
             if labels is not None:
                 row["label"] = labels[i]
             row["pred"] = int(preds[i])
+            if names:
+                row["pred_name"] = names[int(preds[i])]
             row["prob"] = round(float(probs[i, preds[i]]), 6)
             row.update({f"prob_{c}": round(float(p), 6) for c, p in enumerate(probs[i].tolist())})
             self.rows.append(row)

@@ -1,5 +1,6 @@
 """Shared fixtures: a small synthetic MNIST in the real IDX format, and a helper to drive the CLI in-process."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -123,3 +124,8 @@ def lightning_log():
         yield messages
     finally:
         logger.removeHandler(handler)
+
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Two workers on two cores: one intra-op thread each, instead of two threads each fighting for both cores.
+    torch.set_num_threads(1)

@@ -30,7 +30,7 @@ def print_config(capsys, *args: str) -> str:
 @pytest.mark.parametrize("overlay", CONFIGS)
 def test_an_overlay_alone_resolves_like_the_overlay_over_default(overlay, capsys):
     alone = print_config(capsys, "--config", str(ROOT / "configs" / overlay))
-    assert "model:" in alone and "data_dir: null" in alone
+    assert "model:" in alone and "\ndata:\n  class_path: project." in alone
     assert alone == print_config(capsys, "--config", DEFAULT_CONFIG, "--config", str(ROOT / "configs" / overlay))
 
 
@@ -211,7 +211,9 @@ def test_switching_a_trainer_feature_off_drops_what_needs_it(run_cli, lightning_
         assert "LearningRateMonitor" in notice and "TensorBoardImages" in notice
         assert not list(tmp_path.glob("config*.yaml"))  # nothing dropped into the working directory
     if "enable_checkpointing" in off:
-        assert "ModelCheckpoint" in notice and "SaveOnInterrupt" in notice and "final weights" in notice
+        assert (
+            "checkpoint: BestAndLastCheckpoint" in notice and "SaveOnInterrupt" in notice and "final weights" in notice
+        )
     if "enable_progress_bar" in off:
         assert "RichProgressBar" in notice
 

@@ -16,26 +16,32 @@ def checkpoint(trained_ckpt) -> str:
     return str(trained_ckpt)
 
 
+@pytest.fixture(scope="module")
+def onnx_export(trained_ckpt, mnist_dir, tmp_path_factory) -> tuple:
+    """One ONNX export of the shared checkpoint (the dynamo exporter takes seconds) and its report."""
+    out = tmp_path_factory.mktemp("onnx") / "model.onnx"
+    return out, export(str(trained_ckpt), "onnx", out, mnist_dir)
+
+
 def export(checkpoint: str, fmt: str, out, data_dir, *extra: str) -> dict:
     args = ["export", f"--ckpt_path={checkpoint}", f"--format={fmt}", f"--output={out}", f"--data_dir={data_dir}"]
     return cli_main([*args, *extra])
 
 
 @pytest.mark.parametrize("fmt", ["onnx", "pt2", "state_dict"])
-def test_export_matches_eager(checkpoint, mnist_dir, tmp_path, fmt):
+def test_export_matches_eager(checkpoint, onnx_export, mnist_dir, tmp_path, fmt):
     out = tmp_path / f"model.{fmt}"
-    report = export(checkpoint, fmt, out, mnist_dir)
+    out, report = onnx_export if fmt == "onnx" else (out, export(checkpoint, fmt, out, mnist_dir))
     assert out.is_file() and report["size_bytes"] == out.stat().st_size
     assert report["checked_on"] == "96 mnist test images"
     assert report["parity"]["ok"] and report["parity"]["max_abs_logit_diff"] <= 1e-4
     assert report["parity"]["same_argmax"]
 
 
-def test_onnx_has_a_dynamic_batch_axis(checkpoint, mnist_dir, tmp_path):
+def test_onnx_has_a_dynamic_batch_axis(onnx_export):
     import onnxruntime as ort
 
-    out = tmp_path / "m.onnx"
-    export(checkpoint, "onnx", out, mnist_dir)
+    out = onnx_export[0]
     session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
     for batch in (1, 7, 300):
         logits = session.run(None, {session.get_inputs()[0].name: torch.randn(batch, 1, 28, 28).numpy()})[0]

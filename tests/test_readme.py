@@ -48,7 +48,8 @@ def test_every_documented_command_parses(command, trained_ckpt, capsys):
     # Placeholders for a checkpoint stand for a real one.
     args = [str(trained_ckpt) if a in ("CKPT", "logs/mnist/version_0/checkpoints/x.ckpt") else a for a in args]
     assert args[0] in COMMANDS, command
-    module = importlib.import_module(f"project.{COMMANDS[args[0]][0]}")
+    package = cli_main.__module__.rpartition(".")[0]  # "project", or the name the rename script gave it
+    module = importlib.import_module(f"{package}.{COMMANDS[args[0]][0]}")
     if hasattr(module, "build_parser"):
         module.build_parser().parse_args(args[1:])  # argparse exits on an unknown option or a bad value
         return

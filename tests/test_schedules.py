@@ -64,3 +64,15 @@ def test_the_factor_by_hand():
     assert WarmupCosineLR(optimizer).factor(100) == 1.0  # no horizon yet: the base rate
     with pytest.raises(ValueError, match="min_lr_ratio"):
         WarmupCosineLR(optimizer, min_lr_ratio=2.0)
+
+
+def test_a_resumed_run_anneals_over_its_own_length(run_cli, tmp_path):
+    first = run_cli("fit", "--trainer.max_epochs=1", "--early_stopping=null", "--trainer.log_every_n_steps=1")
+    assert lr_curve(first)[-1] == pytest.approx(0.0, abs=1e-12)  # a 1-epoch run anneals within its epoch
+    resumed = run_cli(
+        "fit", "--trainer.max_epochs=3", "--early_stopping=null", "--trainer.log_every_n_steps=1", "--ckpt_path=last"
+    )
+    scheduler = resumed.trainer.lr_scheduler_configs[0].scheduler
+    assert scheduler.total_steps == 3 * STEPS_PER_EPOCH and scheduler.last_epoch == 3 * STEPS_PER_EPOCH
+    lrs = lr_curve(resumed)  # steps 3..8 of a 9-step schedule: from near the peak down to zero
+    assert lrs[0] == pytest.approx(1e-3 * scheduler.factor(3)) and lrs[-1] == pytest.approx(0.0, abs=1e-12)

@@ -17,7 +17,9 @@ def test_predict_writes_one_row_per_test_image_into_the_run_folder(run_cli, trai
     assert not (tmp_path / "predictions.csv").exists()  # never into the working directory
     rows = read_csv(path)
     assert len(rows) == N_TEST
-    assert list(rows[0]) == ["index", "label", "pred", "prob"] + [f"prob_{c}" for c in range(10)] + ["error"]
+    assert list(rows[0]) == ["index", "label", "pred", "pred_name", "prob"] + [f"prob_{c}" for c in range(10)] + [
+        "error"
+    ]
     assert [int(r["index"]) for r in rows] == list(range(N_TEST))
     for r in rows[:5]:
         probs = [float(r[f"prob_{c}"]) for c in range(10)]

@@ -1,0 +1,241 @@
+"""Your own images, no code: one folder per class (``my_data/cat/*.png``, ``my_data/dog/*.jpg``) as a DataModule."""
+
+from pathlib import Path
+from typing import Any, Literal
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+from PIL import Image
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset, Subset
+
+from project.data import InMemoryDataset, keep_batch, random_shift_rotate
+from project.images import IMAGE_SUFFIXES, list_files
+
+
+class FolderDataError(RuntimeError):
+    """The image folder is missing, empty, has a class without images, or no image could be decoded."""
+
+
+def decode(path: Path, size: int, channels: int) -> Tensor:
+    """One image file as uint8 (channels, size, size): greyscale or RGB, resized (aspect ratio not kept)."""
+    with Image.open(path) as image:
+        image = image.convert("L" if channels == 1 else "RGB").resize((size, size), Image.Resampling.BILINEAR)
+        array = torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8)
+    return array.view(size, size, channels).permute(2, 0, 1).contiguous()
+
+
+class FileDataset(Dataset):
+    """Images decoded from disk on every access: for a set too large to hold in memory (use num_workers > 0)."""
+
+    def __init__(self, files: list[Path], labels: Tensor, size: int, channels: int) -> None:
+        self.files, self.labels, self.size, self.channels = files, labels, size, channels
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
+        return decode(self.files[index], self.size, self.channels), self.labels[index]
+
+
+class ImageFolderDataModule(L.LightningDataModule):
+    """Images in one sub-folder per class; the class names and their number come from the folder names.
+
+    ``root/<class>/*.png|jpg|jpeg|bmp``, or ``root/train/<class>/...`` and ``root/val/<class>/...`` to fix the
+    split yourself. Images are converted to ``channels`` x ``image_size`` x ``image_size`` (grey 28x28 feeds the
+    default CNN), normalised with the training images' per-channel mean and std. Files that cannot be decoded are
+    named, skipped and counted.
+
+    Args:
+        root: The folder of class folders (or of ``train/`` and ``val/``).
+        image_size: Side the images are resized to.
+        channels: 1 for greyscale, 3 for RGB (then set ``model.net.init_args.in_channels: 3``).
+        batch_size: Samples per batch (per process under DDP).
+        num_workers: DataLoader worker processes (useful only when the images are read from disk).
+        val_fraction: Share of the images held out for validation when there is no ``val/`` folder.
+        seed: Seed of the train/val split.
+        in_memory: ``"auto"`` decodes every image once into one uint8 tensor when that takes at most
+            ``max_memory_mb``, else reads files per batch; ``True`` / ``False`` force either.
+        max_memory_mb: The memory the decoded images may take on the in-memory path.
+        augment: Random shifts and small rotations of training batches, on the device.
+    """
+
+    def __init__(
+        self,
+        root: str | None = None,
+        image_size: int = 28,
+        channels: Literal[1, 3] = 1,
+        batch_size: int = 128,
+        num_workers: int = 0,
+        val_fraction: float = 0.1,
+        seed: int = 42,
+        in_memory: bool | Literal["auto"] = "auto",
+        max_memory_mb: int = 2048,
+        augment: bool = False,
+    ) -> None:
+        super().__init__()
+        if root is None:
+            raise ValueError("data.root is not set: give the folder that holds one sub-folder per class.")
+        if not 0 < val_fraction < 1:
+            raise ValueError(f"data.val_fraction must be between 0 and 1, got {val_fraction}.")
+        if image_size < 4 or batch_size < 1:
+            raise ValueError(f"data.image_size must be >= 4 and data.batch_size >= 1, got {image_size}, {batch_size}.")
+        self.save_hyperparameters()
+        self.root = Path(root)
+        self.image_size, self.channels = image_size, channels
+        self.batch_size, self.num_workers = batch_size, num_workers
+        self.val_fraction, self.seed = val_fraction, seed
+        self.in_memory, self.max_memory_mb, self.augment = in_memory, max_memory_mb, augment
+        self.splits: dict[str, Dataset] = {}
+        self.mean = torch.zeros(channels)
+        self.std = torch.ones(channels)
+        self.skipped: list[tuple[Path, str]] = []
+
+    def _class_folders(self, folder: Path) -> list[Path]:
+        if not folder.is_dir():
+            raise FolderDataError(f"data.root: {folder} is not a folder. Give a folder with one sub-folder per class.")
+        classes = sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+        if not classes:
+            raise FolderDataError(
+                f"data.root: {folder} has no class folders. Put each class's images in a sub-folder named after "
+                "the class (my_data/cat/1.png, my_data/dog/2.jpg)."
+            )
+        return classes
+
+    @property
+    def _split_folders(self) -> dict[str, Path]:
+        """``{"train": root/train, "val": root/val}`` when both exist, else ``{"all": root}``."""
+        if (self.root / "train").is_dir() and (self.root / "val").is_dir():
+            return {"train": self.root / "train", "val": self.root / "val"}
+        return {"all": self.root}
+
+    @property
+    def class_names(self) -> list[str]:
+        """The class folder names, sorted: class index i is ``class_names[i]``."""
+        first = next(iter(self._split_folders.values()))
+        return [p.name for p in self._class_folders(first)]
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    def _list(self, folder: Path) -> tuple[list[Path], list[int]]:
+        """Image files and their class indices under ``folder``; a class folder without images is an error."""
+        names = [p.name for p in self._class_folders(folder)]
+        if names != self.class_names:
+            raise FolderDataError(
+                f"data.root: the class folders of {folder} ({', '.join(names)}) differ from those of the training "
+                f"images ({', '.join(self.class_names)})."
+            )
+        files, labels = [], []
+        for index, name in enumerate(names):
+            images = [p for p in list_files(folder / name) if p.suffix.lower() in IMAGE_SUFFIXES]
+            if not images:
+                raise FolderDataError(
+                    f"data.root: class folder {folder / name} holds no images ({', '.join(IMAGE_SUFFIXES)})."
+                )
+            files += images
+            labels += [index] * len(images)
+        return files, labels
+
+    def _decode_all(self, files: list[Path], labels: list[int]) -> tuple[Tensor, Tensor, list[Path]]:
+        """Decode every file once: images (N, C, S, S) uint8 and labels (N,), skipping what cannot be decoded."""
+        images, kept_labels, kept = [], [], []
+        for path, label in zip(files, labels, strict=True):
+            try:
+                images.append(decode(path, self.image_size, self.channels))
+            except Exception as exc:  # PIL raises several types for truncated or foreign files
+                self.skipped.append((path, f"{type(exc).__name__}: {exc}"))
+                continue
+            kept_labels.append(label)
+            kept.append(path)
+        if not images:
+            raise FolderDataError(f"data.root: none of the {len(files)} images under {self.root} could be decoded.")
+        return torch.stack(images), torch.tensor(kept_labels), kept
+
+    def _fits_in_memory(self, n: int) -> bool:
+        if self.in_memory != "auto":
+            return bool(self.in_memory)
+        return n * self.channels * self.image_size**2 <= self.max_memory_mb * 2**20
+
+    def setup(self, stage: str) -> None:
+        """List the files, split them with ``seed``, decode them (in memory) and measure the normalisation."""
+        if self.splits:  # fit, then test_after_fit: decode once
+            return
+        self.skipped = []
+        folders = self._split_folders
+        listed = {split: self._list(folder) for split, folder in folders.items()}
+        in_memory = self._fits_in_memory(sum(len(f) for f, _ in listed.values()))
+        datasets: dict[str, Dataset] = {}
+        for split, (files, labels) in listed.items():
+            if in_memory:
+                images, targets, _ = self._decode_all(files, labels)
+                datasets[split] = InMemoryDataset(images, targets)
+            else:
+                datasets[split] = FileDataset(files, torch.tensor(labels), self.image_size, self.channels)
+        if "all" in datasets:
+            full = datasets.pop("all")
+            generator = torch.Generator().manual_seed(self.seed)
+            order = torch.randperm(len(full), generator=generator).tolist()
+            n_val = max(1, round(len(full) * self.val_fraction))
+            if n_val >= len(full):
+                raise FolderDataError(f"data.root: {len(full)} image(s) are too few to hold out a validation split.")
+            datasets["train"], datasets["val"] = Subset(full, order[n_val:]), Subset(full, order[:n_val])
+        self.splits = {**datasets, "test": datasets["val"], "predict": datasets["val"]}
+        self._measure_normalisation(datasets["train"])
+        if self.skipped:
+            shown = "; ".join(f"{p}: {why}" for p, why in self.skipped[:5])
+            more = f" (and {len(self.skipped) - 5} more)" if len(self.skipped) > 5 else ""
+            rank_zero_info(f"Skipped {len(self.skipped)} file(s) that could not be decoded: {shown}{more}.")
+        sizes = ", ".join(f"{k} {len(v)}" for k, v in datasets.items())
+        where = "in memory" if in_memory else "read from disk per batch"
+        rank_zero_info(f"{self.root}: {self.num_classes} classes ({', '.join(self.class_names)}); {sizes}; {where}.")
+
+    def _measure_normalisation(self, train: Dataset) -> None:
+        """Per-channel mean and std of (up to 2000 of) the training images, as the network sees them (0-1)."""
+        n = min(len(train), 2000)
+        batch = torch.stack([train[i][0] for i in range(n)]).float().div(255)  # (n, C, S, S)
+        self.mean = batch.mean(dim=(0, 2, 3))
+        self.std = batch.std(dim=(0, 2, 3)).clamp_min(1e-3)
+
+    def _loader(self, split: str, shuffle: bool = False) -> DataLoader:
+        dataset = self.splits[split]
+        base = dataset.dataset if isinstance(dataset, Subset) else dataset
+        return DataLoader(
+            dataset,
+            batch_size=self.batch_size,
+            shuffle=shuffle,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+            collate_fn=keep_batch if isinstance(base, InMemoryDataset) else None,  # batches gathered whole
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val")
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test")
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader("predict")
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """uint8 (B, C, S, S) → normalised float on the batch's device; shifts/rotations when training with augment."""
+        x, y = batch
+        if x.dtype == torch.uint8:
+            mean, std = self.mean.to(x.device).view(1, -1, 1, 1), self.std.to(x.device).view(1, -1, 1, 1)
+            x = (x.float().div(255) - mean) / std
+        if self.augment and self.trainer is not None and self.trainer.training:
+            x = random_shift_rotate(x, background=float((-self.mean / self.std).mean()))
+        return x, y
+
+    def state_dict(self) -> dict[str, Any]:
+        # In the checkpoint: evaluating it later normalises exactly as training did.
+        return {"mean": self.mean.tolist(), "std": self.std.tolist(), "class_names": self.class_names}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.mean, self.std = torch.tensor(state_dict["mean"]), torch.tensor(state_dict["std"])

@@ -1,0 +1,115 @@
+"""Training on one's own image folders: classes from folder names, seeded split, clear errors."""
+
+import csv
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+from project.cli import cli_main
+from project.folder import FileDataset, FolderDataError, ImageFolderDataModule
+from tests.conftest import ROOT, synthetic_digits
+
+CLASSES = ["cat", "dog", "emu"]
+
+
+def write_classes(root: Path, per_class: int = 24, seed: int = 0, classes: list[str] = CLASSES) -> Path:
+    """PNG/JPEG files in root/<class>/: class k is the synthetic digit k (a bar at row 2k+4), RGB, 40x40."""
+    images, labels = synthetic_digits(10 * per_class, seed)
+    for k, name in enumerate(classes):
+        (root / name).mkdir(parents=True)
+        picks = (labels == k).nonzero().flatten()[:per_class]
+        for i, index in enumerate(picks.tolist()):
+            image = Image.fromarray(images[index].numpy(), mode="L").resize((40, 40)).convert("RGB")
+            image.save(root / name / f"{i}.{'png' if i % 2 else 'jpg'}")
+    return root
+
+
+def fit_args(root: Path, logs: Path, *extra: str) -> list[str]:
+    return [
+        "fit",
+        "--config",
+        str(ROOT / "configs" / "folder.yaml"),
+        f"--data.root={root}",
+        "--data.batch_size=16",
+        f"--trainer.logger.init_args.save_dir={logs}",
+        "--trainer.max_epochs=2",
+        "--trainer.num_sanity_val_steps=0",
+        "--trainer.enable_model_summary=false",
+        "--test_after_fit=false",
+        *extra,
+    ]
+
+
+def test_fit_takes_the_classes_from_the_folders_and_predict_names_them(tmp_path):
+    root = write_classes(tmp_path / "my_data")
+    (root / "dog" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\nnot really")
+    cli = cli_main(fit_args(root, tmp_path / "logs"))
+    dm = cli.datamodule
+    assert dm.class_names == CLASSES and dm.num_classes == 3
+    assert cli.model.net.classifier[-1].out_features == 3
+    assert [p.name for p, _ in dm.skipped] == ["broken.png"]  # named, skipped, counted
+    assert len(dm.splits["train"]) + len(dm.splits["val"]) == 3 * 24
+    x, y = dm.on_after_batch_transfer(next(iter(dm.train_dataloader())), 0)
+    assert x.shape == (16, 1, 28, 28) and x.dtype == torch.float32 and y.max() < 3
+    ckpt = cli.trainer.checkpoint_callback.best_model_path
+    saved = torch.load(ckpt, weights_only=True)
+    assert saved["hyper_parameters"]["class_names"] == CLASSES
+
+    predict = cli_main(
+        [
+            "predict",
+            "--config",
+            str(ROOT / "configs" / "folder.yaml"),
+            f"--data.root={root}",
+            f"--trainer.logger.init_args.save_dir={tmp_path / 'logs'}",
+            f"--ckpt_path={ckpt}",
+        ]
+    )
+    with (Path(predict.trainer.log_dir) / "predictions.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert rows and all(r["pred_name"] == CLASSES[int(r["pred"])] for r in rows)
+
+
+def test_the_split_is_seeded_and_train_val_folders_are_used_as_given(tmp_path):
+    root = write_classes(tmp_path / "a", per_class=10)
+    one, two, other = (ImageFolderDataModule(root=str(root), seed=s) for s in (1, 1, 2))
+    for dm in (one, two, other):
+        dm.setup("fit")
+    assert one.splits["val"].indices == two.splits["val"].indices != other.splits["val"].indices
+    given = tmp_path / "b"
+    write_classes(given / "train", per_class=10)
+    write_classes(given / "val", per_class=4, seed=5)
+    dm = ImageFolderDataModule(root=str(given))
+    dm.setup("fit")
+    assert (len(dm.splits["train"]), len(dm.splits["val"])) == (30, 12)
+
+
+def test_rgb_and_the_file_path_when_the_images_do_not_fit(tmp_path):
+    root = write_classes(tmp_path / "rgb", per_class=6)
+    dm = ImageFolderDataModule(root=str(root), channels=3, image_size=32, in_memory="auto", max_memory_mb=0)
+    dm.setup("fit")
+    assert isinstance(dm.splits["train"].dataset, FileDataset)
+    x, _ = dm.on_after_batch_transfer(next(iter(dm.train_dataloader())), 0)
+    assert x.shape[1:] == (3, 32, 32) and dm.mean.shape == (3,)
+
+
+def test_folder_errors_are_clear(tmp_path):
+    with pytest.raises(FolderDataError, match="is not a folder"):
+        ImageFolderDataModule(root=str(tmp_path / "missing")).setup("fit")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FolderDataError, match="has no class folders"):
+        ImageFolderDataModule(root=str(tmp_path / "empty")).setup("fit")
+    root = write_classes(tmp_path / "one_empty", per_class=4)
+    (root / "zebra").mkdir()
+    (root / "zebra" / "notes.txt").write_text("no images here")
+    with pytest.raises(FolderDataError, match=r"class folder .*zebra holds no images"):
+        ImageFolderDataModule(root=str(root)).setup("fit")
+    bad = tmp_path / "bad"
+    (bad / "a").mkdir(parents=True)
+    (bad / "a" / "x.png").write_bytes(b"junk")
+    with pytest.raises(FolderDataError, match="could be decoded"):
+        ImageFolderDataModule(root=str(bad)).setup("fit")
+    with pytest.raises(ValueError, match=r"data\.root is not set"):
+        ImageFolderDataModule()

@@ -97,14 +97,34 @@ def child(result_path: str, warmup: int, test: bool, started: float, cli_args: l
     Path(result_path).write_text(json.dumps(result))
 
 
-def run_variant(name: str, steps: int, warmup: int, logs: str) -> dict:
-    """Run variant ``name`` in a fresh process and return its figures."""
-    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
-        out = f.name
+def short_run(steps: int, logs: str) -> list[str]:
+    """Options for a throughput run of ``steps`` training steps, logging under ``logs``."""
     quiet = ["--trainer.enable_model_summary=false", f"--trainer.logger.init_args.save_dir={logs}"]
     # A two-batch validation at the end keeps EarlyStopping satisfied; it falls outside the timed steps.
     limits = [f"--trainer.limit_train_batches={steps}", "--trainer.limit_val_batches=2", "--trainer.max_epochs=1"]
-    limits.append("--trainer.num_sanity_val_steps=0")
+    return [*quiet, *limits, "--trainer.num_sanity_val_steps=0"]
+
+
+def run_template(cli_args: list[str], warmup: int, test: bool = False) -> dict:
+    """Run ``fit`` with ``cli_args`` in a fresh process (imports included) and return its figures."""
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        out = f.name
+    started = time.perf_counter()
+    cmd = [sys.executable, __file__, "--child", out, f"--warmup={warmup}", f"--started={time.time()}"]
+    proc = subprocess.run(
+        [*cmd, *(["--test"] if test else []), "--", *cli_args], capture_output=True, text=True, cwd=ROOT
+    )
+    process_s = time.perf_counter() - started
+    if proc.returncode:
+        raise SystemExit(f"{' '.join(cli_args)} failed:\n{proc.stderr[-3000:]}")
+    result = json.loads(Path(out).read_text())
+    result["process_s"] = process_s
+    Path(out).unlink()
+    return result
+
+
+def run_variant(name: str, steps: int, warmup: int, logs: str) -> dict:
+    """Run variant ``name`` in a fresh process and return its figures."""
     if name in ("a", "e"):  # (e): the whole epoch, for its process time
         cmd = [sys.executable, str(ROOT / "benchmarks" / "baseline_loop.py"), f"--warmup={warmup}"]
         cmd.append(f"--steps={steps if name == 'a' else 0}")
@@ -115,24 +135,13 @@ def run_variant(name: str, steps: int, warmup: int, logs: str) -> dict:
         result = json.loads(proc.stdout.strip().splitlines()[-1])
         result["process_s"] = time.perf_counter() - started
         return result
-    flags = []
     if name == "b":
-        cli_args = ["--config", DEFAULT, *BASELINE_SETTINGS, *quiet, *limits]
-    elif name == "c":
-        cli_args = ["--config", DEFAULT, *quiet, *limits]
-    else:  # "d": the whole fast recipe, then the test set
-        cli_args = ["--config", FAST, *quiet]  # an overlay runs alone: the recipe is the CLI default
-        flags = ["--test"]
-    started = time.perf_counter()
-    cmd = [sys.executable, __file__, "--child", out, f"--warmup={warmup}", f"--started={time.time()}", *flags]
-    proc = subprocess.run([*cmd, "--", *cli_args], capture_output=True, text=True, cwd=ROOT)
-    process_s = time.perf_counter() - started
-    if proc.returncode:
-        raise SystemExit(f"variant {name} failed:\n{proc.stderr[-3000:]}")
-    result = json.loads(Path(out).read_text())
-    result["process_s"] = process_s
-    Path(out).unlink()
-    return result
+        return run_template(["--config", DEFAULT, *BASELINE_SETTINGS, *short_run(steps, logs)], warmup)
+    if name == "c":
+        return run_template(["--config", DEFAULT, *short_run(steps, logs)], warmup)
+    # "d": the whole fast recipe, then the test set. An overlay runs alone: the recipe is the CLI default.
+    quiet = ["--trainer.enable_model_summary=false", f"--trainer.logger.init_args.save_dir={logs}"]
+    return run_template(["--config", FAST, *quiet], warmup, test=True)
 
 
 def machine() -> str:

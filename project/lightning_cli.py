@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 import lightning as L
 import torch
+import yaml
 from jsonargparse import Namespace
 from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
@@ -45,13 +46,38 @@ NEEDS_FEATURE: dict[str, tuple[type, ...]] = {
 RUNTIME_MODEL_KEYS = ("compile", "channels_last")
 
 
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}, "c": [2]}`` → ``{"a/b": 1, "c": "[2]"}``: a nested config as flat tracking parameters."""
+    if isinstance(tree, dict):
+        flat: dict[str, Any] = {}
+        for key, value in tree.items():
+            flat.update(flatten(value, f"{prefix}{key}/"))
+        return flat
+    return {prefix.rstrip("/"): tree if isinstance(tree, (int, float, str, bool)) or tree is None else str(tree)}
+
+
 class KeepingSaveConfigCallback(SaveConfigCallback):
-    """Save the resolved config into the run folder; a resumed run keeps the old file and writes ``config-1.yaml``."""
+    """Save the resolved config into the run folder; a resumed run keeps the old file and writes ``config-1.yaml``.
+
+    An MLflow logger also gets the whole config: as parameters under ``config/...`` and as the run's
+    ``config.yaml`` artifact.
+    """
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if not self.already_saved and not self.overwrite and trainer.log_dir is not None:
             self.config_filename = free_path(Path(trainer.log_dir) / self.config_filename).name
         super().setup(trainer, pl_module, stage)
+
+    def save_config(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        from lightning.pytorch.loggers import MLFlowLogger  # Lightning's wrapper: imports mlflow only when used
+
+        for logger in trainer.loggers:
+            if isinstance(logger, MLFlowLogger):
+                config = yaml.safe_load(self.parser.dump(self.config, skip_none=False))
+                logger.log_hyperparams({f"config/{k}": v for k, v in flatten(config).items()})
+                saved = Path(trainer.log_dir or ".") / self.config_filename
+                if saved.is_file():
+                    logger.experiment.log_artifact(logger.run_id, str(saved))
 
 
 class LightningNoise(logging.Filter):
@@ -94,8 +120,12 @@ def resolve(class_path: str) -> type | None:
 
 
 def logger_init_args(config: Namespace) -> Namespace | None:
-    """The ``init_args`` of a single configured logger (``trainer.logger``), or None."""
+    """The ``init_args`` of the configured logger that owns the run folders: the only one, or the first
+    TensorBoardLogger of a list (``configs/mlflow.yaml``); None without a logger."""
     logger = config.trainer.get("logger")
+    if isinstance(logger, list):
+        boards = [lg for lg in logger if str(getattr(lg, "class_path", "")).endswith("TensorBoardLogger")]
+        logger = boards[0] if boards else None
     return logger.get("init_args") if isinstance(logger, Namespace) else None
 
 

@@ -163,7 +163,12 @@ class TensorBoardImages(L.Callback):
 
 
 def line_plot(
-    xs: list[float], ys: list[float], mark: float | None = None, log_x: bool = True, size: tuple[int, int] = (640, 400)
+    xs: list[float],
+    ys: list[float],
+    mark: float | None = None,
+    log_x: bool = True,
+    size: tuple[int, int] = (640, 400),
+    labels: tuple[str, str] = ("learning rate", "loss"),
 ) -> np.ndarray:
     """Draw ``ys`` against ``xs`` (log-scaled x by default) with axes, tick labels and an optional vertical marker at
     x = ``mark``, as HWC uint8. Non-finite points are left out."""
@@ -186,6 +191,10 @@ def line_plot(
         return px, py
 
     draw.rectangle((left, top, width - right, height - bottom), outline="black")
+    draw.text(
+        ((left + width - right) // 2 - 30, height - 16), labels[0] + (" (log scale)" if log_x else ""), fill="black"
+    )
+    draw.text((4, 4), labels[1], fill="black")
     for i in range(5):  # tick labels: 5 along each axis
         fx = x_lo + x_span * i / 4
         px = left + (width - left - right) * i / 4

@@ -1,0 +1,81 @@
+"""What seeing inside a run costs: the default recipe with and without its monitors, and with MLflow beside it.
+
+    python benchmarks/monitors.py             # 3 alternating rounds on the real MNIST ($PATH_DATASETS)
+
+Variants (each one process, 400 training steps of configs/default.yaml, as (c) in benchmarks/run.py):
+  none:     default.yaml without LayerHistograms and Throughput
+  default:  default.yaml as shipped (both on)
+  mlflow:   default.yaml + configs/mlflow.yaml (a SQLite tracking store, checkpoints as artifacts)
+Figures: steady-state training samples/s (epoch-boundary steps left out) and the whole fit's wall time, which
+includes the once-per-epoch work (histograms, artifact upload). Rounds alternate the order of the variants.
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from run import DEFAULT, ROOT, machine, run_template, short_run
+
+MONITORS = ("project.monitors.LayerHistograms", "project.monitors.Throughput")
+
+
+def without_monitors(folder: Path) -> str:
+    """An overlay file: default.yaml's callback list minus the monitors."""
+    callbacks = yaml.safe_load(Path(DEFAULT).read_text())["trainer"]["callbacks"]
+    kept = [c for c in callbacks if c["class_path"] not in MONITORS]
+    path = folder / "no_monitors.yaml"
+    path.write_text(yaml.safe_dump({"trainer": {"callbacks": kept}}))
+    return str(path)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--warmup", type=int, default=50)
+    args = parser.parse_args()
+    if "PATH_DATASETS" not in os.environ:
+        raise SystemExit("Set PATH_DATASETS to the folder that holds MNIST/raw/ (the real data).")
+    results: dict[str, list[dict]] = {"none": [], "default": [], "mlflow": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        variants = {
+            "none": ["--config", without_monitors(folder)],
+            "default": [],
+            "mlflow": [
+                "--config",
+                str(ROOT / "configs" / "mlflow.yaml"),
+                f"--trainer.logger.init_args.tracking_uri=sqlite:///{folder / 'mlflow.db'}",
+                f"--trainer.logger.init_args.artifact_location={folder / 'artifacts'}",
+            ],
+        }
+        for round_ in range(1, args.rounds + 1):
+            order = list(variants) if round_ % 2 else list(variants)[::-1]
+            for name in order:
+                logs = str(folder / "logs")
+                cli_args = [*variants[name], *short_run(args.steps, logs)]
+                if name == "mlflow":  # a logger list: the TensorBoard save_dir is set in the list itself
+                    cli_args = [a for a in cli_args if not a.startswith("--trainer.logger.init_args.save_dir")]
+                results[name].append(run_template(cli_args, args.warmup))
+                r = results[name][-1]
+                print(f"round {round_} {name}: {r['samples_per_s']:.0f} samples/s, fit {r['fit_s']:.2f} s", flush=True)
+    base = results["none"]
+    print(f"\nMachine: {machine()}. {args.rounds} rounds, {args.steps} steps each.\n")
+    print("| variant | median samples/s | ratio to none (median of rounds) | median fit (s) | fit ratio |")
+    print("|---|---:|---:|---:|---:|")
+    for name, rs in results.items():
+        ratio = statistics.median(r["samples_per_s"] / b["samples_per_s"] for r, b in zip(rs, base, strict=True))
+        fit_ratio = statistics.median(r["fit_s"] / b["fit_s"] for r, b in zip(rs, base, strict=True))
+        sps = statistics.median(r["samples_per_s"] for r in rs)
+        fit = statistics.median(r["fit_s"] for r in rs)
+        print(f"| {name} | {sps:.0f} | {ratio:.3f} | {fit:.2f} | {fit_ratio:.3f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -7,8 +7,8 @@ CONFIG ?= configs/default.yaml
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-15s %s\n", $$1, $$2}'
 
-install:  ## editable install with the dev and export extras
-	$(PYTHON) -m pip install -e ".[dev,export]"
+install:  ## editable install with the dev, export and track extras
+	$(PYTHON) -m pip install -e ".[dev,export,track]"
 
 install-locked:  ## the exact versions the tests passed with (requirements.lock), then the project
 	$(PYTHON) -m pip install -r requirements.lock

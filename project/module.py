@@ -6,10 +6,12 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 from torchmetrics import MaxMetric, MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
+from project.checkpointing import CheckpointError, load_checkpoint
 from project.net import CNN
 
 Batch = tuple[Tensor, Tensor]
@@ -34,6 +36,8 @@ class MNISTClassifier(L.LightningModule):
         channels_last: Store conv weights (and so activations) as NHWC, which oneDNN and cuDNN run faster.
         compile: ``torch.compile`` the network for fit, validate, test and predict; checkpoints keep plain
             parameter names, so they load with or without it.
+        init_from: A checkpoint whose network weights ``fit`` starts from (fine-tuning, e.g. configs/prune.yaml):
+            weights only, with a fresh optimizer, schedule and epoch count, unlike ``--ckpt_path``, which resumes.
     """
 
     def __init__(
@@ -46,6 +50,7 @@ class MNISTClassifier(L.LightningModule):
         scheduler_interval: str = "epoch",
         channels_last: bool = False,
         compile: bool = False,
+        init_from: str | None = None,
     ) -> None:
         super().__init__()
         if scheduler_interval not in ("epoch", "step"):
@@ -61,6 +66,7 @@ class MNISTClassifier(L.LightningModule):
         self.scheduler = scheduler
         self.scheduler_interval = scheduler_interval
         self.compile = compile
+        self.init_from = init_from
         if channels_last:
             self.net = self.net.to(memory_format=torch.channels_last)
         self.loss_fn = nn.CrossEntropyLoss()  # takes logits: log-softmax is inside
@@ -76,6 +82,20 @@ class MNISTClassifier(L.LightningModule):
     def forward(self, x: Tensor) -> Tensor:
         """Return logits (B, num_classes) for normalised images (B, C, H, W)."""
         return self.net(x)
+
+    def setup(self, stage: str) -> None:
+        resuming = self._trainer is not None and self.trainer.ckpt_path is not None
+        if stage == "fit" and self.init_from and not resuming:
+            # The safe loader: a checkpoint that carries code is refused, as everywhere else.
+            state = load_checkpoint(self.init_from)["state_dict"]
+            try:
+                self.load_state_dict(state)
+            except RuntimeError as exc:
+                raise CheckpointError(
+                    f"model.init_from {self.init_from}: its weights do not fit this network ({str(exc).splitlines()[0]}"
+                    "). Use the same model.net settings as the run that wrote it."
+                ) from exc
+            rank_zero_info(f"Starting from the weights of {self.init_from} (a new run: fresh optimizer and schedule).")
 
     def configure_model(self) -> None:
         if self.compile:

@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from tests.conftest import DEFAULT_CONFIG, ROOT
@@ -51,6 +52,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow  # four processes (two launchers, two workers) on two cores: ~15-25 s; CI runs it
 def test_torchrun_two_nodes_on_loopback(mnist_dir, tmp_path):
     port = free_port()
     procs = []

@@ -7,6 +7,7 @@ import torch
 
 import project.net as net_module
 from project.cli import cli_main
+from tests.conftest import ROOT
 
 pytest.importorskip("onnxruntime", reason="the export extra is not installed: pip install -e '.[export]'")
 
@@ -98,3 +99,83 @@ def test_bad_requests_are_refused(checkpoint, mnist_dir, tmp_path, capsys):
     with pytest.raises(SystemExit):
         export(checkpoint, "onnx", existing, mnist_dir)
     assert existing.read_text() == "keep me" and "--overwrite" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("quant_format", ["qdq", "qoperator"])
+def test_static_int8_quantizes_the_convolutions_and_agrees_with_fp32(
+    checkpoint, onnx_export, mnist_dir, tmp_path, quant_format
+):
+    import onnxruntime as ort
+
+    from project.export import run_onnx, test_images
+
+    out = tmp_path / "static.onnx"
+    report = export(
+        checkpoint,
+        "onnx",
+        out,
+        mnist_dir,
+        "--quantize=static",
+        f"--quant_format={quant_format}",
+        "--calibration_images=64",
+    )
+    q = report["int8"]
+    # The second convolution and both Linear layers; the first convolution stays fp32 (faster, measured).
+    convs = q["quantized_ops"].get("Conv", 0) + q["quantized_ops"].get("QLinearConv", 0)
+    linears = sum(q["quantized_ops"].get(k, 0) for k in ("Gemm", "QGemm", "MatMul", "QLinearMatMul"))
+    assert convs == 1 and linears == 2 and q["kept_fp32"] == ["first convolution"], q
+    assert q["calibration_split"] == "train" and q["calibration_images"] == 64 and q["test_images"] == 96
+    assert q["format"].startswith("QDQ" if quant_format == "qdq" else "QOperator")
+    assert q["int8_bytes"] < 0.5 * q["fp32_bytes"]
+    ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    x, _ = test_images(str(mnist_dir))
+    agree = (run_onnx(out, x).argmax(1) == run_onnx(onnx_export[0], x).argmax(1)).float().mean().item()
+    assert agree >= 0.9
+
+
+def test_all_layers_quantizes_the_first_convolution_too(checkpoint, mnist_dir, tmp_path):
+    report = export(checkpoint, "onnx", tmp_path / "all.onnx", mnist_dir, "--quantize=static", "--all_layers")
+    assert report["int8"]["quantized_ops"].get("Conv", 0) == 2 and report["int8"]["kept_fp32"] == []
+
+
+def test_calibration_reads_training_images_only(mnist_dir):
+    from project.data import load_split, normalize
+    from project.export import calibration_set
+
+    images = calibration_set(str(mnist_dir), "mnist", 50)
+    train, _ = load_split(mnist_dir / "MNIST" / "raw", "train")
+    test, _ = load_split(mnist_dir / "MNIST" / "raw", "t10k")
+    as_bytes = lambda t: {bytes(row.numpy()) for row in t}  # noqa: E731
+    calibrated = as_bytes(images.reshape(len(images), -1))
+    assert len(images) == 50
+    assert calibrated <= as_bytes(normalize(train).reshape(len(train), -1))
+    assert not calibrated & as_bytes(normalize(test).reshape(len(test), -1))
+
+
+def test_the_accuracy_guard_writes_nothing(checkpoint, mnist_dir, tmp_path):
+    out = tmp_path / "refused.onnx"
+    with pytest.raises(ValueError, match=r"more than --max_drop -100.0: nothing was written"):
+        export(checkpoint, "onnx", out, mnist_dir, "--quantize=static", "--max_drop=-100", "--calibration_images=32")
+    assert not out.exists()
+
+
+@pytest.mark.slow  # torch.compile of the network: ~30 s on 2 cores
+def test_inference_benchmark_runs_every_format(trained_ckpt, mnist_dir, tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("inference", ROOT / "benchmarks" / "inference.py")
+    inference = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(inference)
+    out = tmp_path / "table.md"
+    inference.main(["--ckpt_path", str(trained_ckpt), "--data_dir", str(mnist_dir), "--quick", "--output", str(out)])
+    table = out.read_text()
+    for name in (
+        "eager fp32",
+        "torch.compile",
+        "torch.export .pt2",
+        "ONNX fp32",
+        "ONNX int8 dynamic",
+        "ONNX int8 static",
+    ):
+        assert f"| {name} |" in table, name
+    assert "format chosen for this CPU" in table

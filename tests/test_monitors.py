@@ -1,6 +1,9 @@
 """Histograms, throughput, the profiler trace and MLflow tracking, each checked against the tool that reads it."""
 
+import contextlib
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -88,7 +91,8 @@ def test_a_real_mlflow_server_receives_the_run(run_cli, tmp_path):
     port = free_port()
     cmd = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
     cmd += ["--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}", "--artifacts-destination", str(tmp_path)]
-    server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # Its own process group: `mlflow server` runs the web server in child processes, all stopped below.
+    server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -109,9 +113,11 @@ def test_a_real_mlflow_server_receives_the_run(run_cli, tmp_path):
         )
         check_mlflow_run(url)
     finally:
-        server.terminate()
+        os.killpg(server.pid, signal.SIGTERM)
         try:
             server.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            server.kill()
+            os.killpg(server.pid, signal.SIGKILL)
             server.wait()
+        with contextlib.suppress(ProcessLookupError):  # nothing of the group may outlive the test
+            os.killpg(server.pid, signal.SIGKILL)

@@ -12,6 +12,7 @@ from project.schedules import WarmupCosineLR
 from tests.conftest import DEFAULT_CONFIG, ROOT
 
 CONFIGS = sorted(p.name for p in (ROOT / "configs").glob("*.yaml"))
+PACKAGE = cli_main.__module__.split(".")[0]  # "project", or the name scripts/rename_package.py gave it
 
 
 def best_checkpoint(cli) -> str:
@@ -30,7 +31,7 @@ def print_config(capsys, *args: str) -> str:
 @pytest.mark.parametrize("overlay", CONFIGS)
 def test_an_overlay_alone_resolves_like_the_overlay_over_default(overlay, capsys):
     alone = print_config(capsys, "--config", str(ROOT / "configs" / overlay))
-    assert "model:" in alone and "\ndata:\n  class_path: project." in alone
+    assert "model:" in alone and f"\ndata:\n  class_path: {PACKAGE}." in alone
     assert alone == print_config(capsys, "--config", DEFAULT_CONFIG, "--config", str(ROOT / "configs" / overlay))
 
 
@@ -135,7 +136,7 @@ def test_module_entry_point_and_console_script_list_every_command_without_import
         out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
         for command in ("fit", "validate", "test", "predict", "export", "env"):
             assert f"\n  {command} " in out, command
-        assert out.startswith(f"usage: {'python -m project' if '-m' in cmd else 'project'} <command>")
+        assert out.startswith(f"usage: {'python -m ' + PACKAGE if '-m' in cmd else PACKAGE} <command>")
     no_args = subprocess.run([sys.executable, "-m", "project"], capture_output=True, text=True)
     assert no_args.returncode == 2 and "export" in no_args.stdout
     typo = subprocess.run([sys.executable, "-m", "project", "fti"], capture_output=True, text=True)

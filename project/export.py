@@ -145,38 +145,41 @@ def export(
     out.parent.mkdir(parents=True, exist_ok=True)
 
     if fmt == "onnx":
-        work = Path(tempfile.mkdtemp(prefix="export-"))
-        onnx_path = work / "fp32.onnx" if quantize else out
-        torch.onnx.export(
-            net,
-            (x[:2],),
-            str(onnx_path),
-            input_names=["images"],
-            output_names=["logits"],
-            dynamic_shapes=({0: torch.export.Dim("batch")},),
-            dynamo=True,
-            external_data=False,
-            verbose=False,
-        )
-        report["parity"] = parity(reference, run_onnx(onnx_path, x))
-        if quantize:
-            int8 = work / "int8.onnx"
-            if quantize == "static":
-                calibration = calibration_set(data_dir, dataset, calibration_images)
-                report["int8"] = quantize_static_onnx(
-                    onnx_path, int8, calibration, per_channel, quant_format, all_layers
-                )
-            else:
-                report["int8"] = quantize_dynamic_onnx(onnx_path, int8)
-            report["int8"].update(compare_accuracy(onnx_path, int8, data))
-            drop = report["int8"].get("acc_drop_points")
-            if drop is not None and drop > max_drop:
-                raise ValueError(
-                    f"int8 ({quantize}) accuracy {report['int8']['int8_acc']:.4f} is {drop:.2f} points below fp32 "
-                    f"{report['int8']['fp32_acc']:.4f}, more than --max_drop {max_drop}: nothing was written to {out}. "
-                    "Try --per_channel, more --calibration_images, or --quant_format qdq / qoperator."
-                )
-            shutil.move(int8, out)
+        # fp32 (when quantizing) and int8 are written here first; the folder is removed on the way out.
+        with tempfile.TemporaryDirectory(prefix="export-") as tmp:
+            work = Path(tmp)
+            onnx_path = work / "fp32.onnx" if quantize else out
+            torch.onnx.export(
+                net,
+                (x[:2],),
+                str(onnx_path),
+                input_names=["images"],
+                output_names=["logits"],
+                dynamic_shapes=({0: torch.export.Dim("batch")},),
+                dynamo=True,
+                external_data=False,
+                verbose=False,
+            )
+            report["parity"] = parity(reference, run_onnx(onnx_path, x))
+            if quantize:
+                int8 = work / "int8.onnx"
+                if quantize == "static":
+                    calibration = calibration_set(data_dir, dataset, calibration_images)
+                    report["int8"] = quantize_static_onnx(
+                        onnx_path, int8, calibration, per_channel, quant_format, all_layers
+                    )
+                else:
+                    report["int8"] = quantize_dynamic_onnx(onnx_path, int8)
+                report["int8"].update(compare_accuracy(onnx_path, int8, data))
+                drop = report["int8"].get("acc_drop_points")
+                if drop is not None and drop > max_drop:
+                    raise ValueError(
+                        f"int8 ({quantize}) accuracy {report['int8']['int8_acc']:.4f} is {drop:.2f} points below fp32 "
+                        f"{report['int8']['fp32_acc']:.4f}, more than --max_drop {max_drop}: "
+                        f"nothing was written to {out}. "
+                        "Try --per_channel, more --calibration_images, or --quant_format qdq / qoperator."
+                    )
+                shutil.move(int8, out)
     elif fmt == "pt2":
         # clone: a slice would drag the whole test set into the file (its storage, saved as sample input: 33 MB).
         program = torch.export.export(net, (x[:2].clone(),), dynamic_shapes=({0: torch.export.Dim("batch")},))

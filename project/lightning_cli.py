@@ -271,7 +271,7 @@ class MNISTCLI(LightningCLI):
                     kept.append(callback)
             if config.trainer.get("callbacks"):
                 config.trainer.callbacks = kept
-            for key in ("checkpoint", "early_stopping"):
+            for key in self._parser(self.subcommand).callback_keys:  # the named callbacks: checkpoint, early_stopping
                 value = config.get(key)
                 cls = resolve(str(value.class_path)) if isinstance(value, Namespace) else None
                 if cls is not None and issubclass(cls, needers):

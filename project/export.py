@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from project.checkpointing import CheckpointError, load_checkpoint
-from project.data import MNISTDataError, MNISTDataModule, load_split, normalize
+from project.data import DATASETS, MNISTDataError, MNISTDataModule, load_split, normalize
 from project.hardware import cpu_has_vnni
 from project.module import MNISTClassifier
 
@@ -195,10 +195,30 @@ def export(
         with torch.no_grad():
             report["parity"] = parity(reference, fresh(x))
         report["net"] = config
+    if fmt == "onnx":
+        describe_onnx(out, checkpoint, ckpt_path, dataset)
     report["size_bytes"] = out.stat().st_size
     if not report["parity"]["ok"]:
         raise ValueError(f"The {fmt} export differs from the eager network: {report['parity']}")
     return report
+
+
+def describe_onnx(path: Path, checkpoint: dict[str, Any], ckpt_path: str, dataset: str) -> None:
+    """Write what a server needs besides the weights into the ONNX file's metadata: classes and normalisation.
+
+    ``python -m project serve --model`` reads them (``session.get_modelmeta().custom_metadata_map``).
+    """
+    import onnx
+
+    _, mean, std = DATASETS[dataset]
+    hparams = checkpoint.get("hyper_parameters", {})
+    names = hparams.get("class_names") or [str(i) for i in range(hparams.get("num_classes", 10))]
+    props = {"checkpoint": str(ckpt_path), "dataset": dataset, "mean": str(mean), "std": str(std)}
+    net = hparams.get("net") if isinstance(hparams.get("net"), dict) else None  # None: the default CNN, or code
+    props.update(class_names=json.dumps(list(names)), net=json.dumps(net))
+    model = onnx.load(str(path))
+    onnx.helper.set_model_props(model, props)
+    onnx.save(model, str(path))
 
 
 def calibration_set(data_dir: str | None, dataset: str, n: int) -> Tensor:

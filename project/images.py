@@ -5,13 +5,18 @@ centre of mass in a 28x28 field. ``mnist_style`` applies the same steps to any i
 """
 
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import torch
-from PIL import Image, ImageOps
+from PIL import Image, ImageOps, UnidentifiedImageError
 from torch import Tensor
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
+
+
+class ImageTooLarge(ValueError):
+    """An image with more pixels than the caller allows (a decompression bomb, or simply too big)."""
 
 
 def list_files(folder: Path) -> list[Path]:
@@ -20,17 +25,45 @@ def list_files(folder: Path) -> list[Path]:
 
 
 def read_image(path: Path) -> Tensor:
-    """Decode ``path`` and prepare it as an MNIST digit (28, 28) uint8.
+    """Decode the image file ``path`` and prepare it as an MNIST digit (28, 28) uint8.
 
     Raises:
-        ValueError: naming why the file cannot be predicted: not an image PIL decodes, or blank (no digit in it).
+        ValueError: naming why the file cannot be predicted: no image suffix, or see ``prepare_image``.
     """
     if path.suffix.lower() not in IMAGE_SUFFIXES:
         raise ValueError(f"not an image file (suffix {path.suffix or 'none'}; expected {', '.join(IMAGE_SUFFIXES)})")
+    return prepare_image(path)
+
+
+def prepare_image(source: Path | BinaryIO, max_pixels: int | None = None) -> Tensor:
+    """Decode an image (a file, or its bytes as a file object) and prepare it as an MNIST digit (28, 28) uint8.
+
+    What ``predict --data.predict_dir`` and ``serve`` both run, so a file gets the same answer from either.
+
+    Args:
+        source: A path or a binary file object holding a PNG, JPEG, BMP or any format PIL decodes.
+        max_pixels: Refuse images with more pixels than this before decoding them (a tiny PNG can declare
+            20000x20000 and take gigabytes to decode); ``None`` keeps PIL's own limit.
+
+    Raises:
+        ImageTooLarge: more than ``max_pixels`` pixels.
+        ValueError: not an image PIL decodes (foreign or truncated bytes), or blank (no digit in it).
+    """
     try:
-        with Image.open(path) as image:
+        with Image.open(source) as image:  # reads the header only: the size is known before any pixel is decoded
+            if max_pixels is not None and image.width * image.height > max_pixels:
+                raise ImageTooLarge(
+                    f"image is {image.width}x{image.height} = {image.width * image.height:,} pixels, "
+                    f"over the limit of {max_pixels:,}"
+                )
             image.load()
             digit = mnist_style(image)
+    except ImageTooLarge:
+        raise
+    except Image.DecompressionBombError as exc:
+        raise ImageTooLarge(f"image is too large to decode safely: {exc}") from exc
+    except UnidentifiedImageError:
+        raise ValueError("cannot decode: not in an image format PIL reads (PNG, JPEG, BMP, GIF, TIFF, WebP)") from None
     except Exception as exc:  # PIL raises several types for truncated or foreign files
         raise ValueError(f"cannot decode: {type(exc).__name__}: {exc}") from exc
     if not digit.any():

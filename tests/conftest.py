@@ -1,6 +1,7 @@
 """Shared fixtures: a small synthetic MNIST in the real IDX format, and a helper to drive the CLI in-process."""
 
 import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,13 @@ from project.cli import cli_main
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = str(ROOT / "configs" / "default.yaml")
 N_TRAIN, N_TEST = 192, 96
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for a server a test starts)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def write_idx(path: Path, array: torch.Tensor) -> None:

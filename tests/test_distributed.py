@@ -1,6 +1,5 @@
 """Data-parallel training on this CPU: two processes through the CLI, and two 'nodes' through torchrun."""
 
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -8,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import DEFAULT_CONFIG, ROOT
+from tests.conftest import DEFAULT_CONFIG, ROOT, free_port
 
 SMALL_RUN = [
     "--data.val_size=64",
@@ -44,12 +43,6 @@ def test_cpu_ddp_overlay_runs_two_processes_and_writes_once(mnist_dir, tmp_path)
     state = torch.load(runs[0] / "checkpoints" / "last.ckpt", weights_only=True)
     # 128 training images, 2 ranks x 16 per step: each rank ran 3 steps (limit_train_batches) in the epoch.
     assert state["global_step"] == 3
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow  # four processes (two launchers, two workers) on two cores: ~15-25 s; CI runs it

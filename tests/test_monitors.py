@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, free_port
 
 
 def events(folder: Path) -> EventAccumulator:
@@ -78,12 +78,6 @@ def test_mlflow_overlay_tracks_params_metrics_and_checkpoints_beside_tensorboard
     )
     check_mlflow_run(store)
     assert list(Path(cli.trainer.log_dir).glob("events.out.tfevents.*"))  # TensorBoard keeps working
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow  # the server takes ~20 s to start on 2 cores

@@ -23,9 +23,11 @@ def named_tests() -> list[tuple[str, str]]:
 
 def documented_commands() -> list[str]:
     """Every `python -m project ...` line of the README's code blocks, continuations joined, comments dropped."""
-    blocks = re.findall(r"```(?:bash)?\n(.*?)```", README, flags=re.S)
+    blocks = re.findall(r"```(\w*)\n(.*?)```", README, flags=re.S)
     commands = []
-    for block in blocks:
+    for language, block in blocks:
+        if language not in ("", "bash"):  # json, python, yaml examples
+            continue
         for line in block.replace("\\\n", " ").splitlines():
             line = line.split("  #")[0].strip()
             if "-m project " in line:

@@ -1,0 +1,360 @@
+"""Serve a trained model over HTTP with dynamic batching: ``python -m project serve --ckpt_path CKPT``.
+
+Built on LitServe. Processes: the main one (starts and stops the others), ``--api_servers`` HTTP servers (uvicorn:
+they read the request, decode and prepare the image, so a bad one gets its 4xx there and never reaches a batch),
+and ``--workers`` inference workers (they gather up to ``--max_batch_size`` prepared images, waiting at most
+``--batch_timeout`` seconds for the batch to fill, and run the network once per batch).
+
+Routes: ``POST /predict`` (multipart ``file``, JSON ``{"image": "<base64>"}`` or the raw image bytes),
+``GET /health`` (200 once the model is loaded) and ``GET /info`` (the model, checkpoint and classes served).
+Images are prepared by ``project/images.py``, the code ``predict --data.predict_dir`` runs, so a file gets the same
+answer from both. SIGTERM (``docker stop``, systemd, Kubernetes) stops accepting, answers what is in flight, exits 0.
+"""
+
+import argparse
+import base64
+import binascii
+import io
+import json
+import multiprocessing
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import numpy as np
+
+# Not `from __future__ import annotations`: LitServe hands decode_request's annotation to FastAPI as an object.
+from fastapi import Depends, HTTPException, Request
+
+from project.images import ImageTooLarge, prepare_image
+
+try:
+    import litserve as ls
+except ImportError as exc:  # an optional extra
+    raise ImportError("`serve` needs LitServe: pip install -e '.[serve]'") from exc
+
+JSON_HELP = 'send the image as multipart/form-data (field "file") or as JSON {"image": "<base64 PNG/JPEG>"}'
+
+
+def describe(ckpt_path: str | None = None, model_path: str | None = None) -> dict[str, Any]:
+    """What will be served, checked before any process starts: its kind, file, classes and input normalisation.
+
+    Raises:
+        CheckpointError: the checkpoint is missing, foreign or unsafe (the loader ``test`` and ``predict`` use).
+        ValueError: the ONNX file is missing or not a model onnxruntime opens; the checkpoint was trained on
+            images other than MNIST-style digits.
+    """
+    from project.data import DATASETS, MNISTDataModule
+
+    if ckpt_path is not None:
+        from project.checkpointing import load_checkpoint
+
+        checkpoint = load_checkpoint(ckpt_path)  # refuses a missing, foreign or pickled-code file, loading nothing
+        data = checkpoint.get("datamodule_hyper_parameters", {})
+        if "root" in data:  # ImageFolderDataModule: its own sizes, channels and normalisation
+            raise ValueError(
+                f"{ckpt_path} was trained on an image folder (data.root={data['root']}); serve prepares images as "
+                "MNIST digits (28x28 greyscale) and serves MNISTDataModule checkpoints."
+            )
+        dataset = data.get("dataset", "mnist")
+        _, mean, std = DATASETS[dataset]
+        hparams = checkpoint.get("hyper_parameters", {})
+        names = hparams.get("class_names") or MNISTDataModule(dataset=dataset).class_names
+        return {
+            "kind": "torch",
+            "path": str(Path(ckpt_path).resolve()),
+            "checkpoint": str(ckpt_path),
+            "dataset": dataset,
+            "mean": mean,
+            "std": std,
+            "class_names": list(names),
+            "net": hparams.get("net"),
+        }
+    import onnxruntime as ort
+
+    path = Path(model_path)
+    if not path.is_file():
+        raise ValueError(f"--model {path}: no such file. Give an .onnx file written by `python -m project export`.")
+    try:
+        meta = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).get_modelmeta().custom_metadata_map
+    except Exception as exc:
+        raise ValueError(f"--model {path} is not an ONNX model onnxruntime can open: {exc}") from exc
+    dataset = meta.get("dataset", "mnist")
+    _, mean, std = DATASETS.get(dataset, DATASETS["mnist"])
+    return {
+        "kind": "onnx",
+        "path": str(path.resolve()),
+        "checkpoint": meta.get("checkpoint"),  # export writes it into the file's metadata
+        "dataset": dataset,
+        "mean": float(meta.get("mean", mean)),
+        "std": float(meta.get("std", std)),
+        "class_names": json.loads(meta["class_names"]) if "class_names" in meta else [str(i) for i in range(10)],
+        "net": json.loads(meta["net"]) if "net" in meta else None,
+    }
+
+
+async def read_image_request(request: Request) -> dict[str, Any]:
+    """Read one ``/predict`` request and prepare its image, in the HTTP server, before it can join a batch.
+
+    Returns:
+        ``{"image": the (28, 28) uint8 pixels as 784 bytes, "name": the uploaded file's name or JSON "name", else
+        None}``.
+
+    Raises:
+        HTTPException: 413 for a body or image over the limits, 415 for a content type this route does not take,
+            400 for an empty body, bad JSON, bad base64 or bytes that are not an image, 422 for a missing field or
+            an image without a digit. The message names the problem.
+    """
+    limits = request.app.state.limits
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limits["max_body_bytes"]:
+        raise HTTPException(413, f"body is {int(declared):,} bytes, over the limit of {limits['max_body_bytes']:,}")
+    body = await request.body()  # LitServe's MaxSizeMiddleware stops a chunked body at the same limit
+    if not body:
+        raise HTTPException(400, f"empty body: {JSON_HELP}")
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    name = None
+    if content_type == "multipart/form-data":
+        form = await request.form()  # parses the body read above
+        upload = form.get("file")
+        if upload is None or isinstance(upload, str):
+            fields = ", ".join(form.keys()) or "none"
+            raise HTTPException(422, f'multipart body has no file field "file" (fields: {fields}): {JSON_HELP}')
+        data, name = await upload.read(), upload.filename
+    elif content_type == "application/json":
+        try:
+            payload = json.loads(body)
+        except ValueError as exc:
+            raise HTTPException(400, f"body is not valid JSON ({exc}): {JSON_HELP}") from None
+        if not isinstance(payload, dict) or "image" not in payload:
+            raise HTTPException(422, f'JSON has no "image" field: {JSON_HELP}')
+        if not isinstance(payload["image"], str):
+            raise HTTPException(422, f'"image" must be a base64 string, got {type(payload["image"]).__name__}')
+        encoded = payload["image"].split(",", 1)[1] if payload["image"].startswith("data:") else payload["image"]
+        try:
+            data = base64.b64decode(encoded, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise HTTPException(400, f'"image" is not valid base64 ({exc})') from None
+        name = payload.get("name") if isinstance(payload.get("name"), str) else None
+    elif content_type.startswith("image/") or content_type == "application/octet-stream":
+        data = body
+    else:
+        raise HTTPException(415, f"content type {content_type or 'none'!r} is not accepted: {JSON_HELP}")
+    what = f"file {name!r}" if name else "image"
+    if not data:
+        raise HTTPException(400, f"{what} is empty")
+    try:
+        digit = prepare_image(io.BytesIO(data), max_pixels=limits["max_pixels"])
+    except ImageTooLarge as exc:
+        raise HTTPException(413, f"{what}: {exc}") from None
+    except ValueError as exc:
+        raise HTTPException(422 if "blank image" in str(exc) else 400, f"{what}: {exc}") from None
+    # Bytes, not an array: LitServe formats each request into a debug message (even with debug logging off), and
+    # numpy's repr of a 28x28 array costs milliseconds; 784 bytes cost microseconds, and pickle as compactly.
+    return {"image": digit.numpy().tobytes(), "name": name}
+
+
+def load_predictor(served: dict[str, Any], device: str, threads: int) -> Any:
+    """``images (B, 28, 28) uint8 -> probabilities (B, C) float32`` for the served model, on ``device``."""
+    import torch
+
+    torch.set_num_threads(threads)
+    if served["kind"] == "torch":
+        from project.data import normalize
+        from project.module import MNISTClassifier
+
+        model = MNISTClassifier.load_from_checkpoint(served["path"], map_location=device, weights_only=True)
+        model.eval()
+
+        def predict_torch(images: np.ndarray) -> np.ndarray:
+            x = normalize(torch.from_numpy(images).to(device), served["mean"], served["std"])
+            with torch.inference_mode():
+                return model.predict_step(x, 0)["probs"].cpu().numpy()  # what `predict` writes to its CSV
+
+        return predict_torch
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if device.startswith("cuda") else None
+    session = ort.InferenceSession(served["path"], options, providers=providers or ["CPUExecutionProvider"])
+    input_name = session.get_inputs()[0].name
+    mean, std = np.float32(served["mean"]), np.float32(served["std"])
+
+    def predict_onnx(images: np.ndarray) -> np.ndarray:
+        x = ((images[:, None].astype(np.float32) / np.float32(255)) - mean) / std  # as project.data.normalize
+        logits = session.run(None, {input_name: x})[0]
+        e = np.exp(logits - logits.max(axis=1, keepdims=True))
+        return e / e.sum(axis=1, keepdims=True)
+
+    return predict_onnx
+
+
+class DigitAPI(ls.LitAPI):
+    """Batches of prepared digits through the served model; each answer says how many ran together.
+
+    Args:
+        served: What ``describe`` returned: the model file, its kind, classes and input normalisation.
+        threads: torch / onnxruntime threads of each inference worker.
+        max_batch_size: Most requests run through the model at once.
+        batch_timeout: Seconds a worker waits for a batch to fill before it runs what it has.
+    """
+
+    def __init__(self, served: dict[str, Any], threads: int = 1, max_batch_size: int = 1, batch_timeout: float = 0.0):
+        super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout)
+        self.served, self.threads = served, threads
+
+    def setup(self, device: str) -> None:
+        self.predict_probs = load_predictor(self.served, device, self.threads)
+
+    # The annotation makes FastAPI run read_image_request in the HTTP server: decoding and validation happen
+    # there, per request, so only good images are queued and batched.
+    def decode_request(self, request: Annotated[dict, Depends(read_image_request)]) -> dict:
+        return request
+
+    def batch(self, inputs: list[dict]) -> list[dict]:
+        return inputs
+
+    def predict(self, x: dict | list[dict]) -> dict | list[dict]:
+        items = x if isinstance(x, list) else [x]  # max_batch_size 1: one request, not a list
+        images = np.frombuffer(b"".join(item["image"] for item in items), np.uint8).reshape(len(items), 28, 28)
+        probs = self.predict_probs(images)  # (B, C)
+        out = [
+            {"probs": p, "name": item["name"], "batch_size": len(items)} for p, item in zip(probs, items, strict=True)
+        ]
+        return out if isinstance(x, list) else out[0]
+
+    def encode_response(self, output: dict) -> dict:
+        probs = output["probs"]
+        pred = int(probs.argmax())
+        answer = {
+            "pred": pred,
+            "pred_name": self.served["class_names"][pred],
+            "prob": round(float(probs[pred]), 6),
+            "probs": [round(float(p), 6) for p in probs],
+            "batch_size": output["batch_size"],  # how many requests ran through the model together
+        }
+        if output["name"]:
+            answer["file"] = output["name"]  # the uploaded file's name: match answers to files
+        return answer
+
+
+def stop_on_sigterm() -> None:
+    """Make SIGTERM end ``LitServer.run`` the way Ctrl-C does: drained, every process stopped, exit code 0.
+
+    By default SIGTERM kills the main process at once and leaves its HTTP servers and inference workers running.
+    As KeyboardInterrupt, it takes LitServe's own shutdown path: the HTTP servers stop accepting and answer the
+    requests in flight (uvicorn's graceful shutdown), then the inference workers stop.
+    """
+
+    main_pid = os.getpid()
+
+    def handler(signum: int, frame: Any) -> None:
+        if os.getpid() != main_pid:  # a forked HTTP server inherits this handler: uvicorn re-raises the signal
+            raise SystemExit(0)  # once it has shut down gracefully, and then it is done
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not interrupt the shutdown
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def serve(args: argparse.Namespace) -> None:
+    """Describe the model, start LitServe and block until SIGTERM or Ctrl-C."""
+    served = describe(args.ckpt_path, args.model)
+    api = DigitAPI(served, args.threads, args.max_batch_size, args.batch_timeout)
+    max_body_bytes = int(args.max_body_mb * 1024 * 1024)
+    server = ls.LitServer(
+        api,
+        accelerator=args.device,
+        workers_per_device=args.workers,
+        timeout=args.timeout,
+        max_payload_size=max_body_bytes,
+        fast_queue=args.fast_queue,
+        model_metadata={
+            **{k: served[k] for k in ("kind", "path", "checkpoint", "dataset", "class_names", "net")},
+            "max_batch_size": args.max_batch_size,
+            "batch_timeout": args.batch_timeout,
+            "threads_per_worker": args.threads,
+        },
+    )
+    server.app.state.limits = {"max_body_bytes": max_body_bytes, "max_pixels": args.max_pixels}
+    server.uvicorn_graceful_timeout = args.grace  # how long SIGTERM waits for requests in flight
+    what = f"{served['kind']} model {served['path']}"
+    print(
+        f"Serving the {what} on http://{args.host}:{args.port}: POST /predict, GET /health, GET /info "
+        f"(max_batch_size {args.max_batch_size}, batch_timeout {args.batch_timeout} s, {args.workers} worker(s)).",
+        flush=True,
+    )
+    stop_on_sigterm()
+    try:
+        server.run(
+            host=args.host,
+            port=args.port,
+            num_api_servers=args.api_servers,
+            log_level=args.log_level,
+            generate_client_file=False,  # it would write client.py into the user's working directory
+        )
+    finally:
+        # What LitServe's shutdown missed (e.g. a signal while the workers were still loading): stop it here,
+        # or multiprocessing would wait for it at exit.
+        for child in multiprocessing.active_children():
+            child.kill()
+            child.join(5)
+    print("Server stopped.", flush=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command's options (also what the README test parses its documented commands with)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m project serve", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--ckpt_path", help="checkpoint written by fit (loaded with the safe loader)")
+    source.add_argument("--model", help="ONNX file written by `python -m project export` (fp32 or int8)")
+    parser.add_argument("--host", default="127.0.0.1", help="127.0.0.1 (this machine only), 0.0.0.0 or ::")
+    parser.add_argument("--port", type=int, default=8000, help="TCP port, 1024-65535")
+    parser.add_argument(
+        "--max_batch_size", type=int, default=32, help="most requests run through the model at once (measured)"
+    )
+    parser.add_argument(
+        "--batch_timeout", type=float, default=0.002, help="seconds a worker waits for a batch to fill (measured)"
+    )
+    parser.add_argument("--workers", type=int, default=1, help="inference worker processes per device")
+    parser.add_argument("--threads", type=int, default=1, help="torch / onnxruntime threads per inference worker")
+    parser.add_argument(
+        "--api_servers", type=int, default=2, help="HTTP server processes: they decode the images (measured: 2)"
+    )
+    parser.add_argument(
+        "--fast_queue",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="answers travel from the workers over ZeroMQ, not multiprocessing queues (measured: faster)",
+    )
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="where the model runs")
+    parser.add_argument("--max_body_mb", type=float, default=10, help="refuse request bodies larger than this (413)")
+    parser.add_argument(
+        "--max_pixels", type=int, default=25_000_000, help="refuse images with more pixels (decompression bombs, 413)"
+    )
+    parser.add_argument("--timeout", type=float, default=30, help="seconds a request may wait for its answer (504)")
+    parser.add_argument("--grace", type=float, default=10, help="seconds SIGTERM waits for requests in flight")
+    parser.add_argument("--log_level", default="warning", help="uvicorn's: info also logs every request")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if min(args.max_batch_size, args.workers, args.threads, args.api_servers) < 1 or args.batch_timeout < 0:
+        parser.error("--max_batch_size, --workers, --threads and --api_servers must be >= 1, --batch_timeout >= 0")
+    if not 1024 <= args.port <= 65535:
+        parser.error(f"--port must be 1024-65535, got {args.port}")
+    try:
+        serve(args)
+    except ValueError as exc:  # what describe() found wrong (CheckpointError is one), before anything started
+        parser.error(str(exc))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,288 @@
+"""`python -m project serve`: a real server process on 127.0.0.1, its answers, its refusals and its shutdown."""
+
+import base64
+import contextlib
+import http.client
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+from project.data import normalize
+from project.images import prepare_image
+from project.module import MNISTClassifier
+from tests.conftest import ROOT, free_port, synthetic_digits
+
+pytest.importorskip("litserve", reason="the serve extra is not installed: pip install -e '.[serve]'")
+# One pytest-xdist worker runs this file (`--dist loadgroup`), so the module's server starts once, not once per worker.
+pytestmark = pytest.mark.xdist_group("serve")
+
+
+def start_server(*args: str) -> tuple[subprocess.Popen, str]:
+    """Start `serve` with ``args`` on a free port; return the process and its URL once /health says ready."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "project", "serve", "--port", str(port), "--threads", "1", *args]
+    # Its own session: the test can stop the server's whole process tree if the test fails half-way.
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"serve exited: {proc.stdout.read().decode()}"
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+                if r.status == 200:
+                    return proc, url
+        except OSError:  # not listening yet, or 503 while the worker loads the model
+            pass
+        time.sleep(0.3)
+    stop(proc)
+    raise AssertionError("serve did not become ready in 120 s")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """Stop the server and every process of its session, whatever state it is in."""
+    if proc.poll() is None:
+        proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=20)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+
+
+def post(url: str, body: bytes, content_type: str, timeout: float = 30) -> tuple[int, dict]:
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    try:
+        # A server may answer a too-large body (413) before reading all of it: its answer is still there to read.
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            conn.request("POST", "/predict", body, {"Content-Type": content_type})
+        response = conn.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        conn.close()
+
+
+def multipart(data: bytes, filename: str, field: str = "file") -> tuple[bytes, str]:
+    boundary = uuid.uuid4().hex
+    body = (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="{field}"; filename="{filename}"\r\n'
+        f"Content-Type: application/octet-stream\r\n\r\n"
+    ).encode()
+    body += data + f"\r\n--{boundary}--\r\n".encode()
+    return body, f"multipart/form-data; boundary={boundary}"
+
+
+def post_file(url: str, data: bytes, filename: str) -> tuple[int, dict]:
+    return post(url, *multipart(data, filename))
+
+
+def post_json(url: str, data: bytes, name: str | None = None) -> tuple[int, dict]:
+    payload = {"image": base64.b64encode(data).decode(), **({"name": name} if name else {})}
+    return post(url, json.dumps(payload).encode(), "application/json")
+
+
+def encode(image: Image.Image, fmt: str) -> bytes:
+    buf = io.BytesIO()
+    image.save(buf, format=fmt)
+    return buf.getvalue()
+
+
+def digit_files(n: int) -> list[tuple[str, bytes]]:
+    """``n`` distinct digits as files: MNIST-like PNGs, and enlarged dark-on-light colour JPEGs and PNGs."""
+    images, _ = synthetic_digits(n, seed=7)
+    files = []
+    for i, array in enumerate(images.numpy()):
+        image = Image.fromarray(array)
+        if i % 3 == 1:  # a photo-like version: 3x larger, RGB, dark ink on light paper
+            image = Image.fromarray(255 - array).resize((84, 84)).convert("RGB")
+        fmt = "JPEG" if i % 3 == 1 else "PNG"
+        files.append((f"digit{i:02d}.{fmt.lower().replace('jpeg', 'jpg')}", encode(image, fmt)))
+    return files
+
+
+def expected(ckpt: Path, files: list[tuple[str, bytes]]) -> dict[str, torch.Tensor]:
+    """The probabilities ``predict_step`` gives the same files, prepared by the code ``predict_dir`` uses."""
+    model = MNISTClassifier.load_from_checkpoint(ckpt, map_location="cpu", weights_only=True).eval()
+    x = normalize(torch.stack([prepare_image(io.BytesIO(data)) for _, data in files]))
+    with torch.inference_mode():
+        probs = model.predict_step(x, 0)["probs"]
+    return {name: p for (name, _), p in zip(files, probs, strict=True)}
+
+
+@pytest.fixture(scope="module")
+def server(trained_ckpt) -> Iterator[str]:
+    """A batching server (long batch_timeout: concurrent requests surely share a batch) with small limits."""
+    proc, url = start_server(
+        f"--ckpt_path={trained_ckpt}",
+        "--max_batch_size=8",
+        "--batch_timeout=0.05",
+        "--max_body_mb=0.5",
+        "--max_pixels=1000000",
+    )
+    try:
+        yield url
+    finally:
+        stop(proc)
+
+
+def test_answers_equal_predict_step_for_png_and_jpeg_as_multipart_and_base64(server, trained_ckpt):
+    files = digit_files(6)
+    reference = expected(trained_ckpt, files)
+    for name, data in files:
+        for status, answer in (post_file(server, data, name), post_json(server, data, name)):
+            assert status == 200, answer
+            probs = torch.tensor(answer["probs"])
+            assert answer["pred"] == int(reference[name].argmax()) == int(probs.argmax())
+            assert torch.allclose(probs, reference[name], atol=1e-5)
+            assert answer["prob"] == pytest.approx(float(reference[name].max()), abs=1e-5)
+            assert answer["file"] == name
+    with urllib.request.urlopen(f"{server}/info") as r:
+        info = json.load(r)["model"]
+    assert info["kind"] == "torch" and info["checkpoint"] == str(trained_ckpt)
+    assert len(info["class_names"]) == 10
+
+
+def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(server, trained_ckpt):
+    files = digit_files(24)
+    reference = expected(trained_ckpt, files)
+    with ThreadPoolExecutor(24) as pool:
+        answers = list(pool.map(lambda f: post_file(server, f[1], f[0]), files))
+    assert all(status == 200 for status, _ in answers), answers
+    for (name, _), (_, answer) in zip(files, answers, strict=True):
+        assert answer["file"] == name
+        assert torch.allclose(torch.tensor(answer["probs"]), reference[name], atol=1e-5)  # its own digit's answer
+    sizes = [answer["batch_size"] for _, answer in answers]
+    assert max(sizes) > 1 and max(sizes) <= 8, sizes
+
+
+def bad_requests() -> list[tuple[str, bytes, str, int, str]]:
+    """(what, body, content type, expected status, words the message must hold) for each kind of bad input."""
+    good = encode(Image.fromarray(synthetic_digits(1, 0)[0][0].numpy()), "PNG")
+    bomb = encode(Image.new("L", (20000, 20000)), "PNG")  # a few KB that decode to 400 Mpx
+    blank = encode(Image.new("L", (28, 28), 255), "PNG")
+    b64 = lambda data: json.dumps({"image": base64.b64encode(data).decode()}).encode()  # noqa: E731
+    return [
+        ("empty body", b"", "application/json", 400, "empty body"),
+        ("not an image", *multipart(b"just some text, not pixels", "notes.png"), 400, "cannot decode"),
+        ("broken base64", b'{"image": "not base64!!"}', "application/json", 400, "not valid base64"),
+        ("JSON without image", b'{"picture": "aGVsbG8="}', "application/json", 422, 'no "image" field'),
+        ("not JSON", b'{"image": ', "application/json", 400, "not valid JSON"),
+        ("truncated PNG", *multipart(good[: len(good) // 2], "cut.png"), 400, "truncated"),
+        ("decompression bomb", *multipart(bomb, "bomb.png"), 413, "pixels"),
+        ("over the size limit", b64(os.urandom(600_000)), "application/json", 413, "over the limit"),
+        ("blank image", *multipart(blank, "blank.png"), 422, "blank image"),
+        ("no file field", *multipart(good, "x.png", field="upload"), 422, 'no file field "file"'),
+        ("unknown content type", b"hello", "text/plain", 415, "text/plain"),
+    ]
+
+
+@pytest.mark.parametrize("case", bad_requests(), ids=lambda c: c[0])
+def test_bad_input_gets_a_4xx_naming_the_problem_and_the_server_keeps_serving(server, case):
+    _, body, content_type, status, words = case
+    got, answer = post(server, body, content_type)
+    assert got == status and words in answer["detail"], answer
+    name, data = digit_files(1)[0]
+    assert post_file(server, data, name)[0] == 200
+
+
+def test_a_bad_request_in_a_batch_does_not_fail_the_good_ones(server, trained_ckpt):
+    files = digit_files(8)
+    reference = expected(trained_ckpt, files)
+    bad = [(body, ctype) for _, body, ctype, _, _ in bad_requests()[:4]]
+    jobs = [("good", *multipart(data, name)) for name, data in files] + [("bad", body, ct) for body, ct in bad]
+    jobs = jobs[::2] + jobs[1::2]  # interleave good and bad
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        answers = list(pool.map(lambda job: post(server, job[1], job[2]), jobs))
+    for (kind, _, _), (status, answer) in zip(jobs, answers, strict=True):
+        if kind == "bad":
+            assert 400 <= status < 500, answer
+        else:
+            assert status == 200, answer
+            assert torch.allclose(torch.tensor(answer["probs"]), reference[answer["file"]], atol=1e-5)
+
+
+def test_an_unsafe_checkpoint_is_refused_before_anything_starts(tmp_path, monkeypatch, capsys):
+    from project.serve import main
+
+    monkeypatch.chdir(tmp_path)
+    evil = tmp_path / "evil.ckpt"
+    torch.save({"state_dict": {}, "payload": print}, evil)  # pickles a callable: the safe loader refuses it
+    with pytest.raises(SystemExit) as exit_:
+        main([f"--ckpt_path={evil}", f"--port={free_port()}"])
+    assert exit_.value.code == 2 and "was refused" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == [evil]  # nothing written (LitServe would write a client.py)
+
+
+def descendants(pid: int) -> set[int]:
+    """Every process below ``pid``, from /proc (children of children included)."""
+    found, todo = set(), [pid]
+    while todo:
+        parent = todo.pop()
+        for task in Path(f"/proc/{parent}/task").glob("*"):
+            children = (task / "children").read_text().split() if (task / "children").exists() else []
+            for child in map(int, children):
+                if child not in found:
+                    found.add(child)
+                    todo.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"  # a zombie has exited; only its parent's wait is missing
+
+
+@pytest.mark.slow  # a second server, an export, a shutdown: ~20 s
+def test_onnx_model_gives_the_checkpoints_answers_and_sigterm_drains_and_stops_everything(trained_ckpt, tmp_path):
+    pytest.importorskip("onnxruntime", reason="the export extra is not installed")
+    from project.export import export
+
+    onnx = tmp_path / "model.onnx"
+    export(str(trained_ckpt), "onnx", str(onnx))
+    # A long batch_timeout: the burst below is still queued, in flight, when SIGTERM arrives.
+    proc, url = start_server(f"--model={onnx}", "--max_batch_size=64", "--batch_timeout=1.0", "--workers=1")
+    try:
+        with urllib.request.urlopen(f"{url}/info") as r:
+            info = json.load(r)["model"]
+        assert info["kind"] == "onnx" and info["checkpoint"] == str(trained_ckpt)  # from the file's metadata
+        files = digit_files(12)
+        reference = expected(trained_ckpt, files)
+        for name, data in files[:3]:
+            status, answer = post_file(url, data, name)
+            assert status == 200 and answer["pred"] == int(reference[name].argmax())
+        children = descendants(proc.pid)
+        assert len(children) >= 2  # at least the HTTP server and the inference worker
+        with ThreadPoolExecutor(len(files)) as pool:
+            burst = [pool.submit(post_file, url, data, name) for name, data in files]
+            time.sleep(0.5)  # every request sent and waiting for its batch
+            start = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            answers = [f.result(timeout=30) for f in burst]
+        assert proc.wait(timeout=30) == 0
+        took = time.monotonic() - start
+        for (name, _), (status, answer) in zip(files, answers, strict=True):
+            assert status == 200 and answer["pred"] == int(reference[name].argmax()), answer
+        assert took < 15, f"SIGTERM took {took:.1f} s"
+        deadline = time.monotonic() + 10
+        while any(alive(pid) for pid in children) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [pid for pid in children if alive(pid)], "processes of the server outlived it"
+        assert b"Server stopped." in proc.stdout.read()
+    finally:
+        stop(proc)

@@ -57,8 +57,27 @@ class BestAndLastCheckpoint(ModelCheckpoint):
 
     Lightning 2.6 rewrites ``last.ckpt`` only when a top-k file was saved at the same step: after an epoch whose
     monitored metric did not improve, ``last.ckpt`` would still hold an older epoch, and ``--ckpt_path last``
-    would silently repeat work. Same arguments as ``ModelCheckpoint``.
+    would silently repeat work. Same arguments as ``ModelCheckpoint``, and:
+
+    Args:
+        last_every_n_train_steps: Also rewrite ``last.ckpt`` every this many training steps (0: only where
+            ``ModelCheckpoint`` saves), so a killed worker loses at most that many steps (``configs/elastic.yaml``).
     """
+
+    def __init__(self, *args: Any, last_every_n_train_steps: int = 0, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if last_every_n_train_steps < 0:
+            raise ValueError(f"last_every_n_train_steps must be >= 0, got {last_every_n_train_steps}")
+        self.last_every_n_train_steps = last_every_n_train_steps
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        n = self.last_every_n_train_steps
+        # Every rank gets here at the same global step: the save's barrier needs them all; rank 0 writes.
+        if n and trainer.global_step % n == 0 and not self._should_skip_saving_checkpoint(trainer):
+            self._save_last_if_missed(trainer)
 
     def _save_last_if_missed(self, trainer: L.Trainer) -> None:
         if self.save_last and self._last_global_step_saved != trainer.global_step:

@@ -190,18 +190,24 @@ class MNISTCLI(LightningCLI):
         if "weights_only" in config:
             config.weights_only = True
         ckpt = config.get("ckpt_path")
+        if ckpt == "auto" and subcommand != "fit":
+            raise CheckpointError("--ckpt_path auto resumes a training run: it is for fit only.")
         if not ckpt or (ckpt in ("best", "hpc", "registry") or (ckpt == "last" and subcommand != "fit")):
             return  # Lightning's own keywords, resolved by the Trainer
         logger = logger_init_args(config)
         run_root = None  # <save_dir>/<name> of the configured logger, where the runs are
         if logger is not None and logger.get("save_dir"):
             run_root = Path(logger.save_dir) / (logger.get("name") or "")
-        if ckpt == "last":
+        if ckpt in ("last", "auto"):
             found = find_last_checkpoint(run_root) if run_root is not None else None
+            if found is None and ckpt == "auto":  # nothing to resume: a new run (a restarted worker finds this one)
+                config.ckpt_path = None
+                rank_zero_info(f"--ckpt_path auto: no last.ckpt under {run_root} to resume, starting a new run.")
+                return
             if found is None:
                 raise CheckpointError(f"--ckpt_path last: no <run>/checkpoints/last.ckpt under {run_root} to resume.")
             ckpt = str(found)
-        load_checkpoint(ckpt)
+        checkpoint = load_checkpoint(ckpt)
         config.ckpt_path = ckpt
         path = Path(ckpt).resolve()
         run = path.parent.parent  # <save_dir>/<name>/<version>/checkpoints/<file>.ckpt
@@ -209,7 +215,14 @@ class MNISTCLI(LightningCLI):
             return  # a checkpoint from elsewhere: a run folder of its own, as for any run
         if subcommand == "fit":
             logger.version = run.name  # resume into the same run: same folder, same TensorBoard curves
-            rank_zero_info(f"Resuming {run} ({path.name}).")
+            step = int(checkpoint.get("global_step", 0))
+            loggers = config.trainer.logger if isinstance(config.trainer.logger, list) else [config.trainer.logger]
+            board = next((lg for lg in loggers if isinstance(lg, Namespace) and lg.get("init_args") is logger), None)
+            if board is not None and issubclass(resolve(str(board.class_path)) or object, TensorBoardLogger):
+                # TensorBoard drops what the interrupted process logged after this step (it is trained again):
+                # one curve, not a fork. Points before it stay.
+                logger.purge_step = step
+            rank_zero_info(f"Resuming {run} ({path.name}, epoch {checkpoint.get('epoch')}, global step {step}).")
             return
         # An evaluation gets a folder of its own inside the run, <run>/eval/<command>_<n>/, with its config, metrics
         # and predictions: traceable to the run without adding points to the run's own curves.

@@ -117,6 +117,40 @@ def test_interrupt_saves_a_resumable_checkpoint(mnist_dir, tmp_path, monkeypatch
     assert resumed.trainer.current_epoch == last["epoch"] + 2
 
 
+class LastCkptSteps(L.Callback):
+    """Records the global step held by last.ckpt at the start of every training batch."""
+
+    seen: list[int] = []  # noqa: RUF012 (one test reads it back)
+
+    def on_train_batch_start(self, trainer: L.Trainer, *args) -> None:
+        last = Path(trainer.checkpoint_callback.dirpath) / "last.ckpt"
+        if last.is_file():
+            LastCkptSteps.seen.append(load_checkpoint(last)["global_step"])
+
+
+def test_last_ckpt_is_rewritten_every_n_training_steps_mid_epoch(run_cli):
+    LastCkptSteps.seen = []
+    run_cli(
+        "fit",
+        "--checkpoint.init_args.last_every_n_train_steps=2",
+        "--trainer.limit_train_batches=5",
+        "--data.batch_size=16",  # 8 batches in the epoch, 5 of them run
+        "--trainer.callbacks+=tests.test_checkpointing.LastCkptSteps",
+    )
+    assert LastCkptSteps.seen == [2, 2, 4]  # saved after steps 2 and 4 of the 5-step epoch
+
+
+def test_ckpt_path_auto_starts_a_run_then_resumes_it_in_the_same_folder(run_cli, tmp_path, lightning_log):
+    first = run_cli("fit", "--ckpt_path=auto", "--trainer.max_epochs=1")
+    assert first.trainer.global_step == 3 and any("starting a new run" in m for m in lightning_log)
+    second = run_cli("fit", "--ckpt_path=auto", "--trainer.max_epochs=2")
+    assert second.trainer.global_step == 6  # went on from step 3
+    assert any("Resuming" in m and "global step 3" in m for m in lightning_log)
+    assert [p.name for p in (tmp_path / "logs" / "mnist").iterdir()] == ["version_0"]
+    with pytest.raises(SystemExit):
+        run_cli("test", "--ckpt_path=auto")
+
+
 def test_kill_during_a_save_leaves_the_previous_checkpoint(tmp_path):
     path = tmp_path / "last.ckpt"
     AtomicCheckpointIO().save_checkpoint({"state_dict": {"w": torch.ones(3)}, "good": True}, path)

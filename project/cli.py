@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "test": ("lightning_cli", "run the test split on a checkpoint"),
     "predict": ("lightning_cli", "write predictions (CSV) for a split or a folder of your own images"),
     "export": ("export", "a checkpoint to ONNX (fp32 or int8), torch.export .pt2 or a state dict, verified"),
+    "tune": ("tune", "hyperparameter search on Optuna: pruning, resumable studies, one machine or many"),
     "serve": ("serve", "an HTTP prediction server with dynamic batching (LitServe), for a checkpoint or ONNX file"),
     "env": ("env", "versions, devices, bf16/TF32 support and the precision picked on this machine"),
 }

@@ -143,8 +143,11 @@ class MNISTCLI(LightningCLI):
     Trainer feature drops the callbacks that need it; every checkpoint is loaded with the safe unpickler first.
     """
 
-    def __init__(self, *args: Any, argv: list[str] | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, argv: list[str] | None = None, callbacks: list[L.Callback] | None = None, **kwargs: Any
+    ) -> None:
         self._argv = list(argv or [])
+        self._callbacks = list(callbacks or [])  # objects no config can describe (tune's pruning callback)
         super().__init__(*args, **kwargs)
 
     def subcommands(self) -> dict[str, set[str]]:  # type: ignore[override]
@@ -308,7 +311,7 @@ class MNISTCLI(LightningCLI):
         # A named callback set to null (`--early_stopping null`) is absent, not None, in the Trainer's list.
         extra = [self._get(self.config_init, key) for key in self._parser(self.subcommand).callback_keys]
         trainer_config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
-        return self._instantiate_trainer(trainer_config, [c for c in extra if c is not None])
+        return self._instantiate_trainer(trainer_config, [c for c in extra if c is not None] + self._callbacks)
 
     def after_fit(self) -> None:
         """Optionally test the best checkpoint, then give TensorBoard's HParams tab the run's real results."""
@@ -343,10 +346,16 @@ class MNISTCLI(LightningCLI):
         self._write_metrics()
 
 
-def run(argv: list[str], prog: str = "python -m project", subcommand: bool = True) -> MNISTCLI:
+def run(
+    argv: list[str],
+    prog: str = "python -m project",
+    subcommand: bool = True,
+    callbacks: list[L.Callback] | None = None,
+) -> MNISTCLI:
     """Run ``argv`` (``fit ...``, ``test ...``, ...) through the CLI, starting from the default recipe.
 
     With ``subcommand=False`` ``argv`` holds only options: the classes are built and nothing is run (benchmarks).
+    ``callbacks`` are added to the configured ones (objects built in Python, e.g. tune's pruning callback).
     """
     quiet_lightning()
     defaults = {"default_config_files": [str(DEFAULT_RECIPE)]} if DEFAULT_RECIPE.is_file() else {}
@@ -363,6 +372,7 @@ def run(argv: list[str], prog: str = "python -m project", subcommand: bool = Tru
             subclass_mode_data=True,
             args=argv,
             argv=argv,
+            callbacks=callbacks,
             run=subcommand,
             save_config_callback=KeepingSaveConfigCallback,
             auto_configure_optimizers=False,  # one place for the optimizer: model.optimizer / model.scheduler

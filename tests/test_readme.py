@@ -45,14 +45,24 @@ def test_the_readme_names_only_tests_that_exist():
 
 
 @pytest.mark.parametrize("command", documented_commands())
-def test_every_documented_command_parses(command, trained_ckpt, capsys):
+def test_every_documented_command_parses(command, trained_ckpt, capsys, tmp_path):
     args = shlex.split(command.replace("<best>.ckpt", "x.ckpt"))
-    # Placeholders for a checkpoint stand for a real one.
-    args = [str(trained_ckpt) if a in ("CKPT", "logs/mnist/version_0/checkpoints/x.ckpt") else a for a in args]
+    # Placeholders for a checkpoint stand for a real one; tune's output for an overlay like the one it writes.
+    best = tmp_path / "best.yaml"
+    best.write_text("model:\n  optimizer:\n    init_args:\n      lr: 0.002\n")
+    places = {
+        "CKPT": trained_ckpt,
+        "logs/mnist/version_0/checkpoints/x.ckpt": trained_ckpt,
+        "logs/tune/best.yaml": best,
+    }
+    args = [str(places.get(a, a)) for a in args]
     assert args[0] in COMMANDS, command
     package = cli_main.__module__.rpartition(".")[0]  # "project", or the name the rename script gave it
     module = importlib.import_module(f"{package}.{COMMANDS[args[0]][0]}")
-    if hasattr(module, "build_parser"):
+    if args[0] == "tune":  # its own options, and fit's for every trial
+        _, fit_args = module.build_parser().parse_known_args(args[1:])
+        args = ["fit", *fit_args]
+    elif hasattr(module, "build_parser"):
         module.build_parser().parse_args(args[1:])  # argparse exits on an unknown option or a bad value
         return
     with pytest.raises(SystemExit) as info:

@@ -1,0 +1,293 @@
+"""Hyperparameter search on Optuna: ``python -m project tune --search configs/search.yaml [fit options]``.
+
+Each trial is an in-process ``fit`` (``cli_main``) with the trial's values as overrides of the same configs and
+keys ``fit`` takes; its objective is the best validation metric (``val/acc``), never the test set. Hopeless trials
+are pruned after an epoch (optuna-integration's ``PyTorchLightningPruningCallback``, a median pruner by default).
+The study lives in an Optuna storage: by default a SQLite file under ``logs/``; ``--storage`` takes any Optuna URL
+(``postgresql://...``, ``journal:<file>`` for Optuna's journal file). The same command started in several
+processes or on several machines against one storage shares one study. A killed trial is found by its missing
+heartbeat, marked failed and retried by the next run of the command; finished trials are never run again.
+Each trial is a TensorBoard run ``<save_dir>/<study>/trial_<n>/``; at the end the trials are printed as a table and
+the best trial's values are written as a YAML overlay, ``<save_dir>/<study>/best.yaml``.
+"""
+
+import argparse
+import contextlib
+import io
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import yaml
+
+try:
+    import optuna
+    from optuna_integration import PyTorchLightningPruningCallback
+except ImportError as exc:  # an optional extra
+    raise ImportError("`tune` needs Optuna: pip install -e '.[tune]'") from exc
+
+TYPES = ("float", "int", "categorical")
+
+
+class SearchSpaceError(ValueError):
+    """A search space entry that is malformed or names a key the CLI does not know."""
+
+
+def load_search_space(path: str) -> dict[str, dict[str, Any]]:
+    """Read and check ``path``: ``{dotted CLI key: {type: float|int|categorical, ...}}``.
+
+    Raises:
+        SearchSpaceError: naming the file and the key, for an unknown type, a missing or inverted range, a log range
+            that is not positive, or empty choices. (Keys the CLI does not know: ``check_keys``.)
+    """
+    try:
+        space = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise SearchSpaceError(f"--search {path}: cannot read it: {exc}") from exc
+    if not isinstance(space, dict) or not space:
+        raise SearchSpaceError(f"--search {path}: expected a mapping of CLI keys to ranges, e.g. {example()}")
+    for key, spec in space.items():
+        where = f"--search {path}: {key}"
+        if not isinstance(spec, dict) or spec.get("type") not in TYPES:
+            raise SearchSpaceError(f"{where}: give type: float, int or categorical (got {spec!r})")
+        if spec["type"] == "categorical":
+            if not isinstance(spec.get("choices"), list) or not spec["choices"]:
+                raise SearchSpaceError(f"{where}: categorical needs a non-empty list of choices")
+            continue
+        low, high = spec.get("low"), spec.get("high")
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (low, high)):
+            raise SearchSpaceError(f"{where}: {spec['type']} needs numeric low and high (got {low!r}, {high!r})")
+        if not low < high:
+            raise SearchSpaceError(f"{where}: low ({low}) must be below high ({high})")
+        if spec.get("log") and low <= 0:
+            raise SearchSpaceError(f"{where}: a log range needs low > 0 (got {low})")
+        unknown = set(spec) - {"type", "low", "high", "log", "step"}
+        if unknown:
+            raise SearchSpaceError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
+    return space
+
+
+def example() -> str:
+    return "model.optimizer.init_args.lr: {type: float, low: 1.0e-4, high: 1.0e-2, log: true}"
+
+
+def suggest(trial: optuna.Trial, space: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The trial's value for each key of the search space."""
+    values = {}
+    for key, spec in space.items():
+        if spec["type"] == "categorical":
+            values[key] = trial.suggest_categorical(key, spec["choices"])
+        elif spec["type"] == "int":
+            values[key] = trial.suggest_int(
+                key, spec["low"], spec["high"], step=spec.get("step", 1), log=spec.get("log", False)
+            )
+        else:
+            values[key] = trial.suggest_float(
+                key, spec["low"], spec["high"], step=spec.get("step"), log=spec.get("log", False)
+            )
+    return values
+
+
+def overrides(values: dict[str, Any]) -> list[str]:
+    """``--key=value`` options for the CLI; values as JSON, which the CLI reads as YAML: types are kept."""
+    return [f"--{key}={json.dumps(value)}" for key, value in values.items()]
+
+
+def check_keys(space: dict[str, dict[str, Any]], fit_args: list[str], search: str) -> None:
+    """Parse ``fit`` once with every key set to a value of its range: a key the CLI does not know is an error."""
+    from project.cli import cli_main
+
+    first = {k: (s["choices"][0] if s["type"] == "categorical" else s["low"]) for k, s in space.items()}
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            cli_main(["fit", *fit_args, *overrides(first), "--print_config"])
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            message = err.getvalue().strip().splitlines()
+            named = [k for k in space if k in err.getvalue() or k.split(".")[-1] in err.getvalue()]
+            raise SearchSpaceError(
+                f"--search {search}: {', '.join(named) or 'a key'} is not accepted by fit: "
+                f"{message[-1] if message else exc}"
+            ) from None
+
+
+def storage_for(url: str | None, root: Path, study: str, heartbeat: int) -> Any:
+    """The Optuna storage: SQLite under ``root`` by default, ``journal:<file>``, or any RDB URL; with heartbeats."""
+    retry = optuna.storages.RetryFailedTrialCallback(max_retry=3)
+    if url is not None and url.startswith("journal:"):
+        backend = optuna.storages.journal.JournalFileBackend(url.removeprefix("journal:"))
+        return optuna.storages.JournalStorage(backend)
+    if url is None:
+        root.mkdir(parents=True, exist_ok=True)
+        url = f"sqlite:///{(root / f'{study}.db').resolve()}"
+    return optuna.storages.RDBStorage(
+        url, heartbeat_interval=heartbeat, grace_period=2 * heartbeat, heartbeat_stale_trial_callback=retry
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """tune's own options; everything else on the command line is a ``fit`` option."""
+    parser = argparse.ArgumentParser(
+        prog="python -m project tune", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--search", required=True, help="YAML search space keyed by CLI keys (configs/search.yaml)")
+    parser.add_argument("--trials", type=int, default=12, help="trials this study should have completed or pruned")
+    parser.add_argument("--timeout", type=float, help="stop starting trials after this many seconds")
+    parser.add_argument("--study", default="tune", help="study name: its runs go to <save_dir>/<study>/")
+    parser.add_argument("--storage", help="Optuna storage URL (default: sqlite under <save_dir>), or journal:<file>")
+    parser.add_argument("--metric", default="val/acc", help="what a trial is judged on, each epoch")
+    parser.add_argument("--direction", choices=["maximize", "minimize"], default="maximize")
+    parser.add_argument("--pruner", choices=["median", "hyperband", "none"], default="median")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the sampler (TPE)")
+    parser.add_argument("--heartbeat", type=int, default=60, help="seconds between a running trial's heartbeats")
+    return parser
+
+
+class Tracker(L.Callback):
+    """The trial's metric after each validation, and its HParams entry in TensorBoard, pruned or not.
+
+    Args:
+        metric: The logged metric the trial is judged on (``val/acc``).
+        direction: ``"maximize"`` or ``"minimize"``: which value is best.
+        params: The trial's values, for TensorBoard's HParams tab.
+    """
+
+    def __init__(self, metric: str, direction: str, params: dict[str, Any]) -> None:
+        self.metric, self.direction, self.params = metric, direction, params
+        self.values: list[float] = []
+
+    @property
+    def best(self) -> float | None:
+        if not self.values:
+            return None
+        return max(self.values) if self.direction == "maximize" else min(self.values)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        value = trainer.callback_metrics.get(self.metric)
+        if not trainer.sanity_checking and value is not None:
+            self.values.append(float(value))
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        # A pruned trial never reaches the CLI's after_fit, which writes the HParams entry: write it here.
+        if isinstance(exception, optuna.TrialPruned) and self.best is not None and trainer.logger is not None:
+            trainer.logger.log_hyperparams(self.params, {f"{self.metric}_best": self.best})
+            trainer.logger.save()
+
+
+def option(args: list[str], key: str) -> str | None:
+    """The value of ``--key value`` or ``--key=value`` in ``args`` (the last one), or None."""
+    found = None
+    for i, arg in enumerate(args):
+        if arg == f"--{key}" and i + 1 < len(args):
+            found = args[i + 1]
+        elif arg.startswith(f"--{key}="):
+            found = arg.split("=", 1)[1]
+    return found
+
+
+def nested(values: dict[str, Any]) -> dict[str, Any]:
+    """``{"a.b.c": 1}`` -> ``{"a": {"b": {"c": 1}}}``: the YAML overlay ``fit --config`` reads."""
+    tree: dict[str, Any] = {}
+    for key, value in values.items():
+        node = tree
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return tree
+
+
+def report(study: optuna.Study) -> str:
+    """The trials as a table: number, state, value, epochs run, params."""
+    keys = sorted({k for t in study.trials for k in t.params})
+    lines = ["trial | state    | value  | epochs | " + " | ".join(keys)]
+    for t in study.trials:
+        value = "" if t.value is None else f"{t.value:.4f}"
+        if t.value is None and t.intermediate_values:  # pruned: its best value before it was stopped
+            value = f"({max(t.intermediate_values.values()):.4f})"
+        params = " | ".join(
+            f"{t.params[k]:.4g}" if isinstance(t.params.get(k), float) else str(t.params.get(k, "")) for k in keys
+        )
+        lines.append(f"{t.number:5} | {t.state.name:8} | {value:6} | {t.user_attrs.get('epochs', ''):>6} | {params}")
+    return "\n".join(lines)
+
+
+def tune(args: argparse.Namespace, fit_args: list[str]) -> optuna.Study:
+    """Run the study until ``args.trials`` trials are complete or pruned (across every process sharing it)."""
+    from project.lightning_cli import run
+
+    space = load_search_space(args.search)
+    check_keys(space, fit_args, args.search)  # before the first trial: a typo costs seconds, not a trial
+    save_dir = Path(option(fit_args, "trainer.logger.init_args.save_dir") or "logs")
+    storage = storage_for(args.storage, save_dir / args.study, args.study, args.heartbeat)
+    pruner = {
+        "median": optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0),
+        "hyperband": optuna.pruners.HyperbandPruner(),
+        "none": optuna.pruners.NopPruner(),
+    }[args.pruner]
+    study = optuna.create_study(
+        study_name=args.study,
+        storage=storage,
+        load_if_exists=True,  # a second process, a second machine or a re-run joins the study
+        direction=args.direction,
+        sampler=optuna.samplers.TPESampler(seed=args.seed),
+        pruner=pruner,
+    )
+    finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+
+    def objective(trial: optuna.Trial) -> float:
+        values = suggest(trial, space)
+        tracker = Tracker(args.metric, args.direction, values)
+        argv = [
+            "fit",
+            *fit_args,
+            *overrides(values),
+            f"--trainer.logger.init_args.name={args.study}",
+            f"--trainer.logger.init_args.version=trial_{trial.number}",
+            "--test_after_fit=false",  # the objective is validation only: the test set stays unseen
+        ]
+        try:
+            run(argv, callbacks=[tracker, PyTorchLightningPruningCallback(trial, monitor=args.metric)])
+        finally:
+            trial.set_user_attr("epochs", len(tracker.values))
+        if tracker.best is None or math.isnan(tracker.best):
+            raise RuntimeError(f"trial {trial.number} logged no {args.metric}: is it the name of a logged metric?")
+        return tracker.best
+
+    if len(study.get_trials(states=finished)) < args.trials:
+        study.optimize(
+            objective,
+            timeout=args.timeout,
+            callbacks=[optuna.study.MaxTrialsCallback(args.trials, states=finished)],
+            gc_after_trial=True,
+        )
+    return study
+
+
+def main(argv: list[str] | None = None) -> optuna.Study:
+    parser = build_parser()
+    args, fit_args = parser.parse_known_args(argv)
+    if args.trials < 1 or args.heartbeat < 1:
+        parser.error("--trials and --heartbeat must be >= 1")
+    try:
+        study = tune(args, fit_args)
+    except SearchSpaceError as exc:
+        parser.error(str(exc))
+    print(report(study))
+    complete = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+    if not complete:
+        print("No trial completed: nothing to write.")
+        return study
+    best = study.best_trial
+    out = Path(option(argv or [], "trainer.logger.init_args.save_dir") or "logs") / args.study / "best.yaml"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    header = (
+        f"# tune study {args.study!r}: trial {best.number}, {args.metric} {best.value:.4f}. Use it as an overlay:\n"
+    )
+    header += f"#   python -m project fit --config configs/default.yaml --config {out}\n"
+    out.write_text(header + yaml.safe_dump(nested(best.params), sort_keys=False))
+    print(f"Best: trial {best.number}, {args.metric} {best.value:.4f}; its values: {out}")
+    return study

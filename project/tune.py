@@ -261,7 +261,10 @@ def tune(args: argparse.Namespace, fit_args: list[str]) -> optuna.Study:
         study.optimize(
             objective,
             timeout=args.timeout,
-            callbacks=[optuna.study.MaxTrialsCallback(args.trials, states=finished)],
+            # Counting the trials other processes are running too: together they stop at --trials, not one more each.
+            callbacks=[
+                optuna.study.MaxTrialsCallback(args.trials, states=(*finished, optuna.trial.TrialState.RUNNING))
+            ],
             gc_after_trial=True,
         )
     return study

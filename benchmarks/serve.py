@@ -23,7 +23,6 @@ import csv
 import io
 import json
 import os
-import platform
 import re
 import resource
 import shutil
@@ -37,6 +36,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from run import machine  # noqa: E402  (the CPU line every benchmark of this folder prints)
+
 LUA = r"""
 -- Posts the bodies in order (bodies[i] names its file d<i>.png) and checks each answer; stops after `quota`.
 local bodies, labels, refs = BODIES, LABELS, REFS
@@ -257,14 +259,6 @@ def baseline_app(ckpt: str) -> Any:
         return {"pred": pred, "prob": float(probs[pred]), "probs": probs.tolist(), "file": file.filename}
 
     return app
-
-
-def machine() -> str:
-    names = [x.split(":", 1)[1].strip() for x in Path("/proc/cpuinfo").read_text().splitlines() if "model name" in x]
-    flags = Path("/proc/cpuinfo").read_text()
-    isa = "AMX + AVX-512 VNNI/BF16" if "amx_int8" in flags else ("AVX-512" if "avx512f" in flags else "AVX2")
-    name = names[0] if names else platform.processor()
-    return f"{name}, {os.cpu_count()} cores ({isa}), Python {platform.python_version()}"
 
 
 def table(results: dict[tuple[str, int], list[dict[str, Any]]], n: int) -> str:

@@ -37,6 +37,15 @@ IDX_FILES = {
 }
 
 
+def trained_on(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """What a checkpoint's model expects of an image: its ``dataset``, the ``mean`` and ``std`` it was normalised
+    with, and the ``class_names`` of its outputs (saved by the model, else torchvision's names for the dataset)."""
+    dataset = checkpoint.get("datamodule_hyper_parameters", {}).get("dataset", "mnist")
+    torchvision_class, mean, std = DATASETS[dataset]
+    names = checkpoint.get("hyper_parameters", {}).get("class_names") or torchvision_class.classes
+    return {"dataset": dataset, "mean": mean, "std": std, "class_names": list(names)}
+
+
 def how_to_provide(folder: str = "MNIST") -> str:
     """The remedy for missing files, naming the dataset's own folder (``MNIST``, ``FashionMNIST``, ``KMNIST``)."""
     return (

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from project.checkpointing import CheckpointError, load_checkpoint
-from project.data import DATASETS, MNISTDataError, MNISTDataModule, load_split, normalize
+from project.data import MNISTDataError, MNISTDataModule, load_split, normalize, trained_on
 from project.hardware import cpu_has_vnni
 from project.module import MNISTClassifier
 
@@ -122,7 +122,7 @@ def export(
     if quant_format not in ("auto", "qdq", "qoperator"):
         raise ValueError(f"--quant_format must be auto, qdq or qoperator, got {quant_format!r}")
     checkpoint = load_checkpoint(ckpt_path)  # refuses a missing, foreign or unsafe file, before anything else
-    dataset = checkpoint.get("datamodule_hyper_parameters", {}).get("dataset", "mnist")
+    dataset = trained_on(checkpoint)["dataset"]
     model = MNISTClassifier.load_from_checkpoint(ckpt_path, map_location="cpu", weights_only=True, compile=False)
     net = model.net.eval().to(memory_format=torch.contiguous_format)
     out = Path(output)
@@ -196,26 +196,25 @@ def export(
             report["parity"] = parity(reference, fresh(x))
         report["net"] = config
     if fmt == "onnx":
-        describe_onnx(out, checkpoint, ckpt_path, dataset)
+        describe_onnx(out, checkpoint, ckpt_path)
     report["size_bytes"] = out.stat().st_size
     if not report["parity"]["ok"]:
         raise ValueError(f"The {fmt} export differs from the eager network: {report['parity']}")
     return report
 
 
-def describe_onnx(path: Path, checkpoint: dict[str, Any], ckpt_path: str, dataset: str) -> None:
+def describe_onnx(path: Path, checkpoint: dict[str, Any], ckpt_path: str) -> None:
     """Write what a server needs besides the weights into the ONNX file's metadata: classes and normalisation.
 
     ``python -m project serve --model`` reads them (``session.get_modelmeta().custom_metadata_map``).
     """
     import onnx
 
-    _, mean, std = DATASETS[dataset]
-    hparams = checkpoint.get("hyper_parameters", {})
-    names = hparams.get("class_names") or [str(i) for i in range(hparams.get("num_classes", 10))]
-    props = {"checkpoint": str(ckpt_path), "dataset": dataset, "mean": str(mean), "std": str(std)}
-    net = hparams.get("net") if isinstance(hparams.get("net"), dict) else None  # None: the default CNN, or code
-    props.update(class_names=json.dumps(list(names)), net=json.dumps(net))
+    data = trained_on(checkpoint)
+    props = {"checkpoint": str(ckpt_path), "dataset": data["dataset"], "mean": str(data["mean"])}
+    props.update(std=str(data["std"]), class_names=json.dumps(data["class_names"]))
+    net = checkpoint.get("hyper_parameters", {}).get("net")
+    props["net"] = json.dumps(net if isinstance(net, dict) else None)  # None: the default CNN, or a net from code
     model = onnx.load(str(path))
     onnx.helper.set_model_props(model, props)
     onnx.save(model, str(path))

@@ -19,6 +19,10 @@ class ImageTooLarge(ValueError):
     """An image with more pixels than the caller allows (a decompression bomb, or simply too big)."""
 
 
+class BlankImage(ValueError):
+    """An image that decodes but holds no digit: one colour throughout."""
+
+
 def list_files(folder: Path) -> list[Path]:
     """The files in ``folder`` (not recursive, hidden files left out), sorted by name."""
     return sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
@@ -47,7 +51,8 @@ def prepare_image(source: Path | BinaryIO, max_pixels: int | None = None) -> Ten
 
     Raises:
         ImageTooLarge: more than ``max_pixels`` pixels.
-        ValueError: not an image PIL decodes (foreign or truncated bytes), or blank (no digit in it).
+        BlankImage: it decodes, but there is no digit in it.
+        ValueError: not an image PIL decodes (foreign or truncated bytes).
     """
     try:
         with Image.open(source) as image:  # reads the header only: the size is known before any pixel is decoded
@@ -67,7 +72,7 @@ def prepare_image(source: Path | BinaryIO, max_pixels: int | None = None) -> Ten
     except Exception as exc:  # PIL raises several types for truncated or foreign files
         raise ValueError(f"cannot decode: {type(exc).__name__}: {exc}") from exc
     if not digit.any():
-        raise ValueError("blank image: no ink found (one colour throughout), so there is no digit to predict")
+        raise BlankImage("blank image: no ink found (one colour throughout), so there is no digit to predict")
     return digit
 
 

@@ -119,14 +119,14 @@ def resolve(class_path: str) -> type | None:
         return None
 
 
-def logger_init_args(config: Namespace) -> Namespace | None:
-    """The ``init_args`` of the configured logger that owns the run folders: the only one, or the first
-    TensorBoardLogger of a list (``configs/mlflow.yaml``); None without a logger."""
+def run_logger(config: Namespace) -> Namespace | None:
+    """The configured logger (``class_path`` and ``init_args``) that owns the run folders: the only one, or the
+    first TensorBoardLogger of a list (``configs/mlflow.yaml``); None without a logger."""
     logger = config.trainer.get("logger")
     if isinstance(logger, list):
         boards = [lg for lg in logger if str(getattr(lg, "class_path", "")).endswith("TensorBoardLogger")]
         logger = boards[0] if boards else None
-    return logger.get("init_args") if isinstance(logger, Namespace) else None
+    return logger if isinstance(logger, Namespace) else None
 
 
 def command_line_keys(argv: list[str], prefix: str) -> list[str]:
@@ -197,7 +197,8 @@ class MNISTCLI(LightningCLI):
             raise CheckpointError("--ckpt_path auto resumes a training run: it is for fit only.")
         if not ckpt or (ckpt in ("best", "hpc", "registry") or (ckpt == "last" and subcommand != "fit")):
             return  # Lightning's own keywords, resolved by the Trainer
-        logger = logger_init_args(config)
+        entry = run_logger(config)
+        logger = entry.get("init_args") if entry is not None else None
         run_root = None  # <save_dir>/<name> of the configured logger, where the runs are
         if logger is not None and logger.get("save_dir"):
             run_root = Path(logger.save_dir) / (logger.get("name") or "")
@@ -219,9 +220,7 @@ class MNISTCLI(LightningCLI):
         if subcommand == "fit":
             logger.version = run.name  # resume into the same run: same folder, same TensorBoard curves
             step = int(checkpoint.get("global_step", 0))
-            loggers = config.trainer.logger if isinstance(config.trainer.logger, list) else [config.trainer.logger]
-            board = next((lg for lg in loggers if isinstance(lg, Namespace) and lg.get("init_args") is logger), None)
-            if board is not None and issubclass(resolve(str(board.class_path)) or object, TensorBoardLogger):
+            if issubclass(resolve(str(entry.class_path)) or object, TensorBoardLogger):
                 # TensorBoard drops what the interrupted process logged after this step (it is trained again):
                 # one curve, not a fork. Points before it stay.
                 logger.purge_step = step

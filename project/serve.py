@@ -28,7 +28,7 @@ import numpy as np
 # Not `from __future__ import annotations`: LitServe hands decode_request's annotation to FastAPI as an object.
 from fastapi import Depends, HTTPException, Request
 
-from project.images import ImageTooLarge, prepare_image
+from project.images import BlankImage, ImageTooLarge, prepare_image
 
 try:
     import litserve as ls
@@ -46,7 +46,7 @@ def describe(ckpt_path: str | None = None, model_path: str | None = None) -> dic
         ValueError: the ONNX file is missing or not a model onnxruntime opens; the checkpoint was trained on
             images other than MNIST-style digits.
     """
-    from project.data import DATASETS, MNISTDataModule
+    from project.data import DATASETS, trained_on
 
     if ckpt_path is not None:
         from project.checkpointing import load_checkpoint
@@ -58,19 +58,12 @@ def describe(ckpt_path: str | None = None, model_path: str | None = None) -> dic
                 f"{ckpt_path} was trained on an image folder (data.root={data['root']}); serve prepares images as "
                 "MNIST digits (28x28 greyscale) and serves MNISTDataModule checkpoints."
             )
-        dataset = data.get("dataset", "mnist")
-        _, mean, std = DATASETS[dataset]
-        hparams = checkpoint.get("hyper_parameters", {})
-        names = hparams.get("class_names") or MNISTDataModule(dataset=dataset).class_names
         return {
             "kind": "torch",
             "path": str(Path(ckpt_path).resolve()),
             "checkpoint": str(ckpt_path),
-            "dataset": dataset,
-            "mean": mean,
-            "std": std,
-            "class_names": list(names),
-            "net": hparams.get("net"),
+            **trained_on(checkpoint),
+            "net": checkpoint.get("hyper_parameters", {}).get("net"),
         }
     import onnxruntime as ort
 
@@ -149,8 +142,10 @@ async def read_image_request(request: Request) -> dict[str, Any]:
         digit = prepare_image(io.BytesIO(data), max_pixels=limits["max_pixels"])
     except ImageTooLarge as exc:
         raise HTTPException(413, f"{what}: {exc}") from None
+    except BlankImage as exc:
+        raise HTTPException(422, f"{what}: {exc}") from None
     except ValueError as exc:
-        raise HTTPException(422 if "blank image" in str(exc) else 400, f"{what}: {exc}") from None
+        raise HTTPException(400, f"{what}: {exc}") from None
     # Bytes, not an array: LitServe formats each request into a debug message (even with debug logging off), and
     # numpy's repr of a 28x28 array costs milliseconds; 784 bytes cost microseconds, and pickle as compactly.
     return {"image": digit.numpy().tobytes(), "name": name}

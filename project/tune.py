@@ -215,14 +215,18 @@ def report(study: optuna.Study) -> str:
     return "\n".join(lines)
 
 
+def study_dir(args: argparse.Namespace, fit_args: list[str]) -> Path:
+    """``<save_dir>/<study>/``: the trials' runs, the default SQLite file and best.yaml."""
+    return Path(option(fit_args, "trainer.logger.init_args.save_dir") or "logs") / args.study
+
+
 def tune(args: argparse.Namespace, fit_args: list[str]) -> optuna.Study:
     """Run the study until ``args.trials`` trials are complete or pruned (across every process sharing it)."""
     from project.lightning_cli import run
 
     space = load_search_space(args.search)
     check_keys(space, fit_args, args.search)  # before the first trial: a typo costs seconds, not a trial
-    save_dir = Path(option(fit_args, "trainer.logger.init_args.save_dir") or "logs")
-    storage = storage_for(args.storage, save_dir / args.study, args.study, args.heartbeat)
+    storage = storage_for(args.storage, study_dir(args, fit_args), args.study, args.heartbeat)
     pruner = {
         "median": optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0),
         "hyperband": optuna.pruners.HyperbandPruner(),
@@ -285,7 +289,7 @@ def main(argv: list[str] | None = None) -> optuna.Study:
         print("No trial completed: nothing to write.")
         return study
     best = study.best_trial
-    out = Path(option(argv or [], "trainer.logger.init_args.save_dir") or "logs") / args.study / "best.yaml"
+    out = study_dir(args, fit_args) / "best.yaml"
     out.parent.mkdir(parents=True, exist_ok=True)
     header = (
         f"# tune study {args.study!r}: trial {best.number}, {args.metric} {best.value:.4f}. Use it as an overlay:\n"

@@ -58,7 +58,10 @@ def test_every_documented_command_parses(command, trained_ckpt, capsys, tmp_path
     args = [str(places.get(a, a)) for a in args]
     assert args[0] in COMMANDS, command
     package = cli_main.__module__.rpartition(".")[0]  # "project", or the name the rename script gave it
-    module = importlib.import_module(f"{package}.{COMMANDS[args[0]][0]}")
+    try:
+        module = importlib.import_module(f"{package}.{COMMANDS[args[0]][0]}")
+    except ImportError as exc:  # serve and tune need their extras; CI installs every extra
+        pytest.skip(str(exc))
     if args[0] == "tune":  # its own options, and fit's for every trial
         _, fit_args = module.build_parser().parse_known_args(args[1:])
         args = ["fit", *fit_args]

@@ -226,6 +226,46 @@ def test_an_unsafe_checkpoint_is_refused_before_anything_starts(tmp_path, monkey
     assert list(tmp_path.iterdir()) == [evil]  # nothing written (LitServe would write a client.py)
 
 
+def test_fast_queue_keeps_requests_and_answers_out_of_the_manager_and_loses_no_first_answer():
+    """LitServe 0.2.19's fast_queue never took effect; forced, its first answers could vanish or end consumer 0."""
+    import asyncio
+    import multiprocessing.queues
+    import pickle
+
+    from project.serve import DigitAPI, DigitServer
+    from project.zmq_answers import ZMQAnswers
+
+    server = DigitServer(DigitAPI({}), fast_queue=True)
+    manager = server._init_manager(2)
+    try:
+        assert isinstance(server._transport, ZMQAnswers)
+        assert all(type(q) is multiprocessing.queues.Queue for q in server.litapi_request_queues.values())
+
+        async def first_answers() -> list:
+            # Copies as the processes get them; the HTTP servers subscribe before any worker answers.
+            servers = [pickle.loads(pickle.dumps(server._transport)) for _ in range(2)]
+            received = [asyncio.create_task(t.areceive(consumer_id=i, timeout=20)) for i, t in enumerate(servers)]
+            await asyncio.sleep(0)  # the tasks subscribe
+
+            def worker() -> None:  # its producer waits for both subscriptions, then answers at once
+                producer = pickle.loads(pickle.dumps(server._transport))
+                producer.send(("uid-0", "answer for server 0"), consumer_id=0)
+                producer.send(("uid-1", "answer for server 1"), consumer_id=1)
+                producer.close()
+
+            await asyncio.to_thread(worker)
+            try:
+                return await asyncio.gather(*received)
+            finally:
+                for t in servers:
+                    t.close()
+
+        assert asyncio.run(first_answers()) == [("uid-0", "answer for server 0"), ("uid-1", "answer for server 1")]
+        server._transport.close()  # the main process's copy, never set up: LitServe's raised here
+    finally:
+        manager.shutdown()
+
+
 def descendants(pid: int) -> set[int]:
     """Every process below ``pid``, from /proc (children of children included)."""
     found, todo = set(), [pid]

@@ -261,6 +261,47 @@ def first_conv(path: Path) -> str | None:
     return next((n.name for n in graph.node if n.op_type == "Conv" and n.input[0] in inputs), None)
 
 
+def flatten_channels_last(path: Path) -> bool:
+    """Rewrite ``path`` so the features are flattened in (H, W, C) order, the layout onnxruntime's int8 convolutions
+    run in: ``Reshape(x) -> Gemm(W)`` becomes ``Transpose(x, NHWC) -> Reshape -> Gemm(W')``, with W's columns
+    permuted to match, so the logits are the same. onnxruntime cancels the new Transpose against the one it would
+    otherwise insert after the last int8 convolution to go back to NCHW (measured: 0.9 of 9.3 ms per batch of 256).
+
+    Returns:
+        Whether the pattern was found (a 4-D feature map flattened into a Gemm with constant weights) and rewritten.
+    """
+    import numpy as np
+    import onnx
+    from onnx import helper, numpy_helper
+
+    model = onnx.load(str(path))
+    graph = model.graph
+    shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in graph.value_info}
+    weights = {i.name: i for i in graph.initializer}
+    for node in graph.node:
+        if node.op_type not in ("Reshape", "Flatten") or len(shapes.get(node.input[0], [])) != 4:
+            continue
+        _, c, h, w = shapes[node.input[0]]
+        readers = [n for n in graph.node if node.output[0] in n.input]
+        if min(c, h, w) < 1 or shapes.get(node.output[0], [0, 0])[1:] != [c * h * w] or len(readers) != 1:
+            continue
+        gemm = readers[0]
+        transposed = any(a.name == "transB" and a.i == 1 for a in gemm.attribute)
+        if gemm.op_type != "Gemm" or gemm.input[0] != node.output[0] or not transposed or gemm.input[1] not in weights:
+            continue
+        weight = numpy_helper.to_array(weights[gemm.input[1]])  # (out, C*H*W), columns in (C, H, W) order
+        permuted = weight.reshape(-1, c, h, w).transpose(0, 2, 3, 1).reshape(weight.shape)
+        weights[gemm.input[1]].CopyFrom(numpy_helper.from_array(np.ascontiguousarray(permuted), gemm.input[1]))
+        nhwc = f"{node.input[0]}_nhwc"
+        position = list(graph.node).index(node)
+        to_nhwc = helper.make_node("Transpose", [node.input[0]], [nhwc], "flatten_channels_last", perm=[0, 2, 3, 1])
+        graph.node.insert(position, to_nhwc)
+        node.input[0] = nhwc
+        onnx.save(model, str(path))
+        return True
+    return False
+
+
 def quantize_static_onnx(
     fp32: Path,
     int8: Path,
@@ -289,7 +330,8 @@ def quantize_static_onnx(
 
     chosen = quant_format if quant_format != "auto" else ("qdq" if cpu_has_vnni() else "qoperator")
     prepared = fp32.with_name("prepared.onnx")
-    quant_pre_process(str(fp32), str(prepared), skip_symbolic_shape=True)
+    quant_pre_process(str(fp32), str(prepared), skip_symbolic_shape=True)  # also infers the shapes used below
+    channels_last = flatten_channels_last(prepared)
     excluded = [] if all_layers else [name for name in [first_conv(prepared)] if name]
     signed = chosen == "qdq"  # s8s8 needs VNNI to be fast; u8s8 with reduce_range avoids AVX2's saturation
     ort_quantize_static(
@@ -307,6 +349,7 @@ def quantize_static_onnx(
     return {
         "method": "static",
         "kept_fp32": ["first convolution"] if excluded else [],
+        "flatten_channels_last": channels_last,
         "format": "QDQ s8s8" if signed else "QOperator u8s8 reduce_range",
         "chosen_because": "asked" if quant_format != "auto" else ("CPU has VNNI" if signed else "CPU without VNNI"),
         "per_channel": per_channel,

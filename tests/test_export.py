@@ -124,6 +124,7 @@ def test_static_int8_quantizes_the_convolutions_and_agrees_with_fp32(
     convs = q["quantized_ops"].get("Conv", 0) + q["quantized_ops"].get("QLinearConv", 0)
     linears = sum(q["quantized_ops"].get(k, 0) for k in ("Gemm", "QGemm", "MatMul", "QLinearMatMul"))
     assert convs == 1 and linears == 2 and q["kept_fp32"] == ["first convolution"], q
+    assert q["flatten_channels_last"], q
     assert q["calibration_split"] == "train" and q["calibration_images"] == 64 and q["test_images"] == 96
     assert q["format"].startswith("QDQ" if quant_format == "qdq" else "QOperator")
     assert q["int8_bytes"] < 0.5 * q["fp32_bytes"]
@@ -131,6 +132,21 @@ def test_static_int8_quantizes_the_convolutions_and_agrees_with_fp32(
     x, _ = test_images(str(mnist_dir))
     agree = (run_onnx(out, x).argmax(1) == run_onnx(onnx_export[0], x).argmax(1)).float().mean().item()
     assert agree >= 0.9
+
+
+def test_flatten_channels_last_keeps_the_logits(onnx_export, mnist_dir, tmp_path):
+    import onnx
+    from onnxruntime.quantization import quant_pre_process
+
+    from project.export import flatten_channels_last, run_onnx, test_images
+
+    rewritten = tmp_path / "nhwc.onnx"
+    quant_pre_process(str(onnx_export[0]), str(rewritten), skip_symbolic_shape=True)  # with the shapes it reads
+    assert flatten_channels_last(rewritten)
+    transposes = [n for n in onnx.load(str(rewritten)).graph.node if n.op_type == "Transpose"]
+    assert [list(n.attribute[0].ints) for n in transposes] == [[0, 2, 3, 1]]
+    x, _ = test_images(str(mnist_dir))
+    assert torch.allclose(run_onnx(rewritten, x), run_onnx(onnx_export[0], x), atol=1e-4)
 
 
 def test_all_layers_quantizes_the_first_convolution_too(checkpoint, mnist_dir, tmp_path):

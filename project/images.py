@@ -90,11 +90,11 @@ def mnist_style(image: Image.Image, box: int = 20, size: int = 28) -> Tensor:
         image = Image.alpha_composite(background, rgba)
     grey = np.asarray(ImageOps.exif_transpose(image).convert("L"), dtype=np.float32)
     # The border is background: invert when it is lighter than the middle (a dark digit on light paper).
-    border = np.concatenate([grey[0], grey[-1], grey[:, 0], grey[:, -1]])
-    if np.median(border) > 127:
-        grey, border = 255 - grey, 255 - border
+    background = float(np.median(np.concatenate([grey[0], grey[-1], grey[:, 0], grey[:, -1]])))
+    if background > 127:
+        grey, background = 255 - grey, 255 - background
     # Stretch from the background level to the brightest ink, so faint strokes and grey paper still work.
-    grey = np.clip(grey - np.median(border), 0, None)
+    grey = np.clip(grey - background, 0, None)
     if grey.max() > 0:
         grey = grey * (255 / grey.max())
     ink = grey > 0.2 * 255
@@ -112,10 +112,9 @@ def mnist_style(image: Image.Image, box: int = 20, size: int = 28) -> Tensor:
     top, left = (size - new_h) // 2, (size - new_w) // 2
     field[top : top + new_h, left : left + new_w] = digit
     # Move the centre of mass to the centre of the field (whole pixels, as MNIST did).
-    ys, xs = np.indices(field.shape)
-    mass = field.sum()
-    dy = round((size - 1) / 2 - (ys * field).sum() / mass)
-    dx = round((size - 1) / 2 - (xs * field).sum() / mass)
+    positions, mass = np.arange(size), field.sum()  # the centre from the row and column sums: (28,) each
+    dy = round((size - 1) / 2 - (positions * field.sum(axis=1)).sum() / mass)
+    dx = round((size - 1) / 2 - (positions * field.sum(axis=0)).sum() / mass)
     field = np.roll(field, (dy, dx), axis=(0, 1))  # the digit is 20 px in 28: a shift of ≤ 4 px wraps only zeros
     return torch.from_numpy(np.clip(field, 0, 255).round().astype(np.uint8))
 

@@ -270,7 +270,7 @@ class DigitServer(ls.LitServer):
     the inference worker, and so is every answer (45% of the worker's samples). Its ``fast_queue`` was meant to
     fix the answers with ZeroMQ but never takes effect (see ``project.zmq_answers``). Here requests travel over a
     ``multiprocessing.Queue`` (a pipe, written by a feeder thread: ``put`` returns at once) and answers over
-    ``ZMQAnswers``; at concurrency 64 this took max_batch_size 32 from 750 to 1100 req/s (BENCHMARKS.md).
+    ``ZMQAnswers``: 565 -> 906 req/s at concurrency 64 with max_batch_size 32, 519 -> 694 with 1 (BENCHMARKS.md).
     """
 
     def _init_manager(self, num_api_servers: int) -> Any:
@@ -356,7 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--fast_queue",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="requests over a pipe, answers over ZeroMQ, not LitServe's Manager queues (measured: 1.5x at c=64)",
+        help="requests over a pipe, answers over ZeroMQ, not LitServe's Manager queues (measured: 1.3-1.6x req/s)",
     )
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="where the model runs")
     parser.add_argument("--max_body_mb", type=float, default=10, help="refuse request bodies larger than this (413)")

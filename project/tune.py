@@ -16,6 +16,7 @@ import contextlib
 import io
 import json
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ import yaml
 
 try:
     import optuna
+    import sqlalchemy.exc
     from optuna_integration import PyTorchLightningPruningCallback
 except ImportError as exc:  # an optional extra
     raise ImportError("`tune` needs Optuna: pip install -e '.[tune]'") from exc
@@ -116,16 +118,28 @@ def check_keys(space: dict[str, dict[str, Any]], fit_args: list[str], search: st
 
 def storage_for(url: str | None, root: Path, study: str, heartbeat: int) -> Any:
     """The Optuna storage: SQLite under ``root`` by default, ``journal:<file>``, or any RDB URL; with heartbeats."""
-    retry = optuna.storages.RetryFailedTrialCallback(max_retry=3)
+    retry = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=3)
     if url is not None and url.startswith("journal:"):
         backend = optuna.storages.journal.JournalFileBackend(url.removeprefix("journal:"))
         return optuna.storages.JournalStorage(backend)
     if url is None:
         root.mkdir(parents=True, exist_ok=True)
         url = f"sqlite:///{(root / f'{study}.db').resolve()}"
-    return optuna.storages.RDBStorage(
-        url, heartbeat_interval=heartbeat, grace_period=2 * heartbeat, heartbeat_stale_trial_callback=retry
-    )
+
+    def open_storage() -> optuna.storages.RDBStorage:
+        return optuna.storages.RDBStorage(
+            url, heartbeat_interval=heartbeat, grace_period=2 * heartbeat, heartbeat_stale_trial_callback=retry
+        )
+
+    for attempt in range(4):
+        try:
+            return open_storage()
+        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError, sqlalchemy.exc.ProgrammingError):
+            # Optuna creates the schema check-then-create: two processes starting on a fresh storage at once can
+            # both create a table or insert its version row (SQLite: UNIQUE constraint failed; PostgreSQL: duplicate
+            # key or relation exists), and the loser fails. By the retry the winner's schema is there.
+            time.sleep(0.2 * (attempt + 1))
+    return open_storage()  # a fifth failure is not a race: let its error reach the user
 
 
 def build_parser() -> argparse.ArgumentParser:

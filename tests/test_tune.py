@@ -15,7 +15,7 @@ from project.cli import cli_main
 from tests.conftest import ROOT, small_run
 
 optuna = pytest.importorskip("optuna", reason="the tune extra is not installed: pip install -e '.[tune]'")
-from project.tune import SearchSpaceError, load_search_space  # noqa: E402
+from project.tune import SearchSpaceError, load_search_space, storage_for  # noqa: E402
 
 # One trial in two: a learning rate that learns the synthetic digits, and one that cannot (pruned once 2 are done).
 LEARNS_OR_NOT = "model.optimizer.init_args.lr: {type: categorical, choices: [0.003, 1.0e-9]}\n"
@@ -118,6 +118,26 @@ def run_two_workers(tmp_path: Path, mnist_dir: Path, storage: str, name: str = "
             p.wait()
     assert all(p.returncode == 0 for p in procs), outputs[0][-2000:] + outputs[1][-2000:]
     check_shared(storage, name, 4)
+
+
+def test_a_process_that_loses_the_race_to_create_the_schema_opens_the_storage(tmp_path, monkeypatch):
+    # Two processes on a fresh storage: both read "no schema version yet", the other one inserts it first. Replayed
+    # in one process: the version reads (the check, then the stamp's own) see none once, while the row exists.
+    url = f"sqlite:///{tmp_path / 'race.db'}"
+    storage_for(url, tmp_path, "race", heartbeat=60)  # the winner
+    from alembic.runtime.migration import MigrationContext
+
+    real, told = MigrationContext.get_current_heads, []
+
+    def before_the_winner(self):
+        if len(told) < 2:
+            told.append(True)
+            return ()
+        return real(self)
+
+    monkeypatch.setattr(MigrationContext, "get_current_heads", before_the_winner)
+    storage = storage_for(url, tmp_path, "race", heartbeat=60)  # without the retry: IntegrityError, UNIQUE constraint
+    assert told and optuna.create_study(study_name="race", storage=storage).study_name == "race"
 
 
 @pytest.mark.slow  # two tune processes: ~40 s

@@ -266,6 +266,35 @@ def test_fast_queue_keeps_requests_and_answers_out_of_the_manager_and_loses_no_f
         manager.shutdown()
 
 
+def test_no_thread_hop_per_request_and_an_api_key_is_still_checked(monkeypatch):
+    import inspect
+
+    import litserve.server
+
+    from project.serve import DigitAPI, DigitServer
+
+    server = DigitServer(DigitAPI({}))
+    assert inspect.iscoroutinefunction(server.setup_auth())  # FastAPI runs it in the event loop, not a thread pool
+    monkeypatch.setattr(litserve.server, "LIT_SERVER_API_KEY", "secret")
+    assert server.setup_auth() is litserve.server.api_key_auth  # LitServe's X-API-Key check, as without us
+
+
+def test_the_http_servers_fork_with_the_objects_frozen(trained_ckpt, monkeypatch):
+    """A full collection over torch's objects stopped each HTTP server's event loop for ~250 ms (the p99 tail)."""
+    import gc
+
+    import project.serve as serve
+
+    frozen = []
+    monkeypatch.setattr(serve, "stop_on_sigterm", lambda: None)  # not this test process's SIGTERM handler
+    monkeypatch.setattr(serve.DigitServer, "run", lambda self, **kwargs: frozen.append(gc.get_freeze_count()))
+    try:
+        serve.serve(serve.build_parser().parse_args(["--ckpt_path", str(trained_ckpt)]))
+    finally:
+        gc.unfreeze()
+    assert frozen and frozen[0] > 100_000, frozen  # torch alone is hundreds of thousands
+
+
 def descendants(pid: int) -> set[int]:
     """Every process below ``pid``, from /proc (children of children included)."""
     found, todo = set(), [pid]

@@ -278,7 +278,7 @@ class DigitServer(ls.LitServer):
     the inference worker, and so is every answer (45% of the worker's samples). Its ``fast_queue`` was meant to
     fix the answers with ZeroMQ but never takes effect (see ``project.zmq_answers``). Here requests travel over a
     ``multiprocessing.Queue`` (a pipe, written by a feeder thread: ``put`` returns at once) and answers over
-    ``ZMQAnswers``: 565 -> 906 req/s at concurrency 64 with max_batch_size 32, 519 -> 694 with 1 (BENCHMARKS.md).
+    ``ZMQAnswers``: 565 -> 906 req/s at concurrency 64 with max_batch_size 32, 519 -> 694 with 1 (one run each).
     """
 
     def setup_auth(self, lit_api: ls.LitAPI | None = None) -> Callable:
@@ -362,7 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", default="127.0.0.1", help="127.0.0.1 (this machine only), 0.0.0.0 or ::")
     parser.add_argument("--port", type=int, default=8000, help="TCP port, 1024-65535")
     parser.add_argument(
-        "--max_batch_size", type=int, default=32, help="most requests run through the model at once (measured)"
+        "--max_batch_size", type=int, default=8, help="most requests run through the model at once (measured: 8 > 32)"
     )
     parser.add_argument(
         "--batch_timeout", type=float, default=0.002, help="seconds a worker waits for a batch to fill (measured)"

@@ -212,7 +212,7 @@ class DigitAPI(ls.LitAPI):
 
     def setup(self, device: str) -> None:
         self.predict_probs = load_predictor(self.served, device, self.threads)
-        gc.freeze()  # torch's ~400k objects out of the collector's sight: see serve() below
+        gc.freeze()  # what the imports and the model made, out of the collector's sight: see serve() below
 
     # The annotation makes FastAPI run read_image_request in the HTTP server: decoding and validation happen
     # there, per request, so only good images are queued and batched.
@@ -271,7 +271,8 @@ def stop_on_sigterm() -> None:
 
 
 class DigitServer(ls.LitServer):
-    """``LitServer`` whose ``fast_queue=True`` keeps requests and answers out of the ``multiprocessing.Manager``.
+    """``LitServer`` whose ``fast_queue=True`` keeps requests and answers out of the ``multiprocessing.Manager``,
+    and whose default no-authentication dependency runs in the event loop (``setup_auth``).
 
     LitServe 0.2.19 sends both through Manager proxies: every request is a synchronous round trip to the manager
     process from inside the HTTP server's event loop (20% of its samples under load, py-spy) and another one from

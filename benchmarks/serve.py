@@ -295,6 +295,7 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 64])
     parser.add_argument("--batch_sizes", type=int, nargs="+", default=[1, 8, 32], help="serve --max_batch_size")
     parser.add_argument("--batch_timeout", type=float, default=0.002, help="serve --batch_timeout (seconds)")
+    parser.add_argument("--worker_nice", type=int, nargs="+", default=[10], help="serve --worker_nice (each value)")
     parser.add_argument(
         "--models", nargs="+", choices=["torch", "onnx", "onnx-int8"], default=["torch", "onnx", "onnx-int8"]
     )
@@ -339,15 +340,11 @@ def main(argv: list[str] | None = None) -> str:
         for model in args.models:
             source = f"--ckpt_path={args.ckpt_path}" if model == "torch" else f"--model={files[model]}"
             for b in args.batch_sizes:
-                cmd = [
-                    "-m",
-                    "project",
-                    "serve",
-                    source,
-                    f"--max_batch_size={b}",
-                    f"--batch_timeout={args.batch_timeout}",
-                ]
-                servers[f"LitServe {model}, max_batch_size {b}"] = (model, cmd)
+                for nice in args.worker_nice:
+                    cmd = ["-m", "project", "serve", source, f"--max_batch_size={b}"]
+                    cmd += [f"--batch_timeout={args.batch_timeout}", f"--worker_nice={nice}"]
+                    name = f"LitServe {model}, max_batch_size {b}"
+                    servers[name + (f", worker_nice {nice}" if len(args.worker_nice) > 1 else "")] = (model, cmd)
         servers["FastAPI baseline (torch, batch 1)"] = ("fastapi", [__file__, f"--ckpt_path={args.ckpt_path}"])
         results: dict[tuple[str, int], list[dict[str, Any]]] = {(s, c): [] for s in servers for c in args.concurrency}
         for round_ in range(1, args.rounds + 1):
@@ -367,8 +364,8 @@ def main(argv: list[str] | None = None) -> str:
                     stop(proc)
     report = (
         f"Machine: {machine()}. {args.rounds} round(s) x {args.requests} requests per setting (after {args.warmup} "
-        f"warm-up), {args.digits} distinct MNIST test digits as PNG, batch_timeout {args.batch_timeout} s.\n\n"
-        + table(results, args.requests)
+        f"warm-up), {args.digits} distinct MNIST test digits as PNG, batch_timeout {args.batch_timeout} s, "
+        f"worker_nice {' / '.join(map(str, args.worker_nice))}.\n\n" + table(results, args.requests)
     )
     print(report)
     if args.output:

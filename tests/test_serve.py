@@ -123,7 +123,7 @@ def expected(ckpt: Path, files: list[tuple[str, bytes]]) -> dict[str, torch.Tens
 
 
 @pytest.fixture(scope="module")
-def server(trained_ckpt) -> Iterator[str]:
+def server_process(trained_ckpt) -> Iterator[tuple[subprocess.Popen, str]]:
     """A batching server (long batch_timeout: concurrent requests surely share a batch) with small limits."""
     proc, url = start_server(
         f"--ckpt_path={trained_ckpt}",
@@ -133,9 +133,14 @@ def server(trained_ckpt) -> Iterator[str]:
         "--max_pixels=1000000",
     )
     try:
-        yield url
+        yield proc, url
     finally:
         stop(proc)
+
+
+@pytest.fixture(scope="module")
+def server(server_process) -> str:
+    return server_process[1]
 
 
 def test_answers_equal_predict_step_for_png_and_jpeg_as_multipart_and_base64(server, trained_ckpt):
@@ -212,6 +217,18 @@ def test_a_bad_request_in_a_batch_does_not_fail_the_good_ones(server, trained_ck
         else:
             assert status == 200, answer
             assert torch.allclose(torch.tensor(answer["probs"]), reference[answer["file"]], atol=1e-5)
+
+
+def test_the_inference_worker_runs_below_the_http_servers_cpu_priority(server_process):
+    """The tail at concurrency 64: requests should wait in the worker's queue, not in the HTTP event loops."""
+    proc, _ = server_process
+    children = descendants(proc.pid)
+    cmdline = {pid: Path(f"/proc/{pid}/cmdline").read_bytes() for pid in children}
+    workers = [pid for pid in children if b"spawn_main" in cmdline[pid]]  # spawned; the HTTP servers are forked
+    assert len(workers) == 1, cmdline
+    assert os.getpriority(os.PRIO_PROCESS, workers[0]) == 10  # --worker_nice's default
+    assert os.getpriority(os.PRIO_PROCESS, proc.pid) == 0
+    assert all(os.getpriority(os.PRIO_PROCESS, pid) == 0 for pid in children - set(workers))  # HTTP servers
 
 
 def test_an_unsafe_checkpoint_is_refused_before_anything_starts(tmp_path, monkeypatch, capsys):

@@ -204,7 +204,7 @@ class DigitAPI(ls.LitAPI):
         threads: torch / onnxruntime threads of each inference worker.
         max_batch_size: Most requests run through the model at once.
         batch_timeout: Seconds a worker waits for a batch to fill before it runs what it has.
-        nice: How much lower than the HTTP servers' the worker's CPU priority is (``os.nice``, 0-19).
+        nice: How far below the HTTP servers' CPU priority the worker runs (added by ``os.nice``, 0-19).
     """
 
     def __init__(

@@ -226,9 +226,10 @@ def test_the_inference_worker_runs_below_the_http_servers_cpu_priority(server_pr
     cmdline = {pid: Path(f"/proc/{pid}/cmdline").read_bytes() for pid in children}
     workers = [pid for pid in children if b"spawn_main" in cmdline[pid]]  # spawned; the HTTP servers are forked
     assert len(workers) == 1, cmdline
-    assert os.getpriority(os.PRIO_PROCESS, workers[0]) == 10  # --worker_nice's default
-    assert os.getpriority(os.PRIO_PROCESS, proc.pid) == 0
-    assert all(os.getpriority(os.PRIO_PROCESS, pid) == 0 for pid in children - set(workers))  # HTTP servers
+    # Relative to the niceness the server started with (that of this test run, which may itself be niced).
+    base = os.getpriority(os.PRIO_PROCESS, proc.pid)
+    assert os.getpriority(os.PRIO_PROCESS, workers[0]) == min(base + 10, 19)  # --worker_nice's default
+    assert all(os.getpriority(os.PRIO_PROCESS, pid) == base for pid in children - set(workers))  # HTTP servers
 
 
 def test_an_unsafe_checkpoint_is_refused_before_anything_starts(tmp_path, monkeypatch, capsys):

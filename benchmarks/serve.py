@@ -14,7 +14,8 @@ Settings: the checkpoint, ONNX fp32 and ONNX int8 (static; both written and veri
 served with max_batch_size 1, 8 and 32, and the baseline: one FastAPI + uvicorn process that decodes and runs the
 same network once per request, the way tutorials do; each at concurrency 1, 8 and 64. One torch / onnxruntime thread
 per process for all of them. Rounds alternate the order of the servers and of the concurrencies; the table gives
-medians over rounds. Client and server CPU are given in cores (1.0 = one core busy for the whole measurement).
+medians over rounds. Client and server CPU are given in cores (1.0 = one core busy for the whole measurement), and
+the server's CPU per answered request is split into its HTTP servers' and its inference worker's.
 """
 
 import argparse
@@ -149,22 +150,37 @@ def write_lua(folder: Path, labels: list[int], refs: dict[int, int], path: Path)
     path.write_text(script.replace("BOUNDARY", boundary))
 
 
-def tree_cpu(pid: int) -> float:
-    """CPU seconds used so far by ``pid`` and all its descendants."""
+def tree_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds used so far by ``pid``'s process tree, by role: ``http``, ``worker`` and ``other``.
+
+    LitServe spawns its inference workers (``multiprocessing.spawn`` in the command line) and forks its HTTP servers
+    (and its idle Manager) from the main process, which holds the ZeroMQ broker thread (``other``, as is the
+    resource tracker). A process without children (the baseline) is all ``http``: it does everything itself.
+    """
     import psutil
 
-    total = 0.0
+    cpu = {"http": 0.0, "worker": 0.0, "other": 0.0}
     try:
         root = psutil.Process(pid)
-        for p in [root, *root.children(recursive=True)]:
+        children = root.children(recursive=True)
+        for p in [root, *children]:
             try:
                 t = p.cpu_times()
-                total += t.user + t.system
+                cmdline = " ".join(p.cmdline())
             except psutil.NoSuchProcess:
-                pass
+                continue
+            if p.pid == root.pid:
+                role = "other" if children else "http"
+            elif "multiprocessing.spawn" in cmdline:
+                role = "worker"
+            elif "resource_tracker" in cmdline:
+                role = "other"
+            else:
+                role = "http"
+            cpu[role] += t.user + t.system
     except psutil.NoSuchProcess:
         pass
-    return total
+    return cpu
 
 
 def free_port() -> int:
@@ -227,7 +243,11 @@ def measure(proc: subprocess.Popen, port: int, script: Path, c: int, args: argpa
     cpu0, t0 = tree_cpu(proc.pid), time.monotonic()
     r = wrk(port, script, c, args.requests, args.timeout, args.limit)
     wall = time.monotonic() - t0
-    r["server_cores"] = (tree_cpu(proc.pid) - cpu0) / wall
+    cpu = {role: seconds - cpu0[role] for role, seconds in tree_cpu(proc.pid).items()}
+    r["server_cores"] = sum(cpu.values()) / wall
+    # Where one request's CPU goes: the HTTP servers (read, parse, prepare, answer) vs the inference worker.
+    r["http_ms"] = 1e3 * cpu["http"] / r["requests"]
+    r["worker_ms"] = 1e3 * cpu["worker"] / r["requests"] if cpu["worker"] else None
     r["client_cores"] = r["client_cpu_s"] / wall
     r["rps"] = r["requests"] / r["seconds"]
     return r
@@ -267,8 +287,8 @@ def table(results: dict[tuple[str, int], list[dict[str, Any]]], n: int) -> str:
 
     lines = [
         "| server | concurrency | req/s | p50 ms | p90 ms | p99 ms | p99/p50 | mean batch | errors | "
-        "= offline predict | accuracy | client cores | server cores |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "= offline predict | accuracy | client cores | server cores | HTTP CPU ms/req | worker CPU ms/req |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for (name, c), runs in results.items():
         ok = sum(r["ok"] for r in runs)
@@ -279,7 +299,8 @@ def table(results: dict[tuple[str, int], list[dict[str, Any]]], n: int) -> str:
             f"{sum(r['batch_sum'] for r in runs) / max(ok, 1):.1f} | {errors} | "
             f"{100 * sum(r['agree'] for r in runs) / max(ok, 1):.2f}% | "
             f"{100 * sum(r['correct'] for r in runs) / max(ok, 1):.2f}% | "
-            f"{med(runs, 'client_cores'):.2f} | {med(runs, 'server_cores'):.2f} |"
+            f"{med(runs, 'client_cores'):.2f} | {med(runs, 'server_cores'):.2f} | {med(runs, 'http_ms'):.2f} | "
+            + (f"{med(runs, 'worker_ms'):.2f} |" if runs[0]["worker_ms"] is not None else "- |")
         )
     return "\n".join(lines)
 

@@ -244,6 +244,24 @@ def test_an_unsafe_checkpoint_is_refused_before_anything_starts(tmp_path, monkey
     assert list(tmp_path.iterdir()) == [evil]  # nothing written (LitServe would write a client.py)
 
 
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ("--worker_nice=-1", "--worker_nice must be 0-19, got -1"),
+        ("--worker_nice=20", "--worker_nice must be 0-19, got 20"),
+        ("--port=80", "--port must be 1024-65535, got 80"),
+        ("--max_batch_size=0", "--max_batch_size, --workers, --threads and --api_servers must be >= 1"),
+        ("--batch_timeout=-0.5", "--batch_timeout >= 0"),
+    ],
+)
+def test_an_option_out_of_range_is_refused_by_name_before_anything_starts(tmp_path, capsys, option, message):
+    from project.serve import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main([f"--ckpt_path={tmp_path / 'never-read.ckpt'}", option])  # refused before the checkpoint is read
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
 def test_fast_queue_keeps_requests_and_answers_out_of_the_manager_and_loses_no_first_answer():
     """LitServe 0.2.19's fast_queue never took effect; forced, its first answers could vanish or end consumer 0."""
     import asyncio

@@ -20,6 +20,7 @@ import json
 import multiprocessing
 import os
 import signal
+import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -39,6 +40,7 @@ try:
 except ImportError as exc:  # an optional extra
     raise ImportError("`serve` needs LitServe: pip install -e '.[serve]'") from exc
 
+from project.reuse_port import BALANCES, SocketPerServer
 from project.zmq_answers import ZMQAnswers
 
 JSON_HELP = 'send the image as multipart/form-data (field "file") or as JSON {"image": "<base64 PNG/JPEG>"}'
@@ -286,7 +288,8 @@ def stop_on_sigterm() -> None:
 
 class DigitServer(ls.LitServer):
     """``LitServer`` whose ``fast_queue=True`` keeps requests and answers out of the ``multiprocessing.Manager``,
-    and whose default no-authentication dependency runs in the event loop (``setup_auth``).
+    whose default no-authentication dependency runs in the event loop (``setup_auth``), and whose HTTP servers
+    each listen on a socket of their own (``_start_server``, ``project.reuse_port``).
 
     LitServe 0.2.19 sends both through Manager proxies: every request is a synchronous round trip to the manager
     process from inside the HTTP server's event loop (20% of its samples under load, py-spy) and another one from
@@ -302,6 +305,19 @@ class DigitServer(ls.LitServer):
         # back, per request, while the event loop holds the GIL. The same no-op as a coroutine runs in the loop.
         # An API key (LIT_SERVER_API_KEY) or a LitAPI.authorize is kept as it is.
         return allow_all if auth is no_auth else auth
+
+    def _start_server(
+        self,
+        port: int,
+        num_uvicorn_servers: int,
+        log_level: str,
+        sockets: list[socket.socket],
+        uvicorn_worker_type: str,
+        **kwargs: Any,
+    ) -> dict:
+        if num_uvicorn_servers > 1 and uvicorn_worker_type == "process" and BALANCES:
+            sockets = SocketPerServer(sockets[0])  # a listening socket per HTTP server: see project.reuse_port
+        return super()._start_server(port, num_uvicorn_servers, log_level, sockets, uvicorn_worker_type, **kwargs)
 
     def _init_manager(self, num_api_servers: int) -> Any:
         if not self.use_zmq:

@@ -232,6 +232,50 @@ def test_the_inference_worker_runs_below_the_http_servers_cpu_priority(server_pr
     assert all(os.getpriority(os.PRIO_PROCESS, pid) == base for pid in children - set(workers))  # HTTP servers
 
 
+def listening(pid: int, port: int) -> set[str]:
+    """The sockets (``socket:[inode]``) that process ``pid`` holds listening on ``port``."""
+    import psutil
+
+    conns = psutil.Process(pid).net_connections("tcp")
+    return {
+        os.readlink(f"/proc/{pid}/fd/{c.fd}") for c in conns if c.status == psutil.CONN_LISTEN and c.laddr.port == port
+    }
+
+
+def test_each_http_server_listens_on_a_socket_of_its_own_and_connections_reach_both(server_process):
+    """LitServe's one shared socket let a client's connections opened at once all land on one HTTP server."""
+    import psutil
+
+    proc, url = server_process
+    port = int(url.rsplit(":", 1)[1])
+    held = {pid: listening(pid, port) for pid in {proc.pid, *descendants(proc.pid)}}
+    servers = {pid: sockets for pid, sockets in held.items() if sockets}  # a shared socket: in every process
+    assert len(servers) == 2 and all(len(s) == 1 for s in servers.values()), held  # --api_servers 2
+    assert len(set.union(*servers.values())) == 2, servers  # two sockets, not one shared
+
+    connections = [http.client.HTTPConnection("127.0.0.1", port, timeout=30) for _ in range(16)]
+    try:
+        for c in connections:
+            c.connect()  # all at once, as a proxy or wrk opens its keep-alive connections
+        for c in connections:
+            c.request("GET", "/health")
+            response = c.getresponse()
+            assert response.status == 200, response.read()
+            response.read()  # the connection stays open for the next request (keep-alive)
+        per_server = {
+            pid: sum(
+                c.status == psutil.CONN_ESTABLISHED and c.laddr.port == port
+                for c in psutil.Process(pid).net_connections("tcp")
+            )
+            for pid in servers
+        }
+        # The kernel spreads them by a hash of the client's port: all 16 on one of 2 sockets has odds 2 in 65536.
+        assert sum(per_server.values()) == 16 and min(per_server.values()) > 0, per_server
+    finally:
+        for c in connections:
+            c.close()
+
+
 def test_an_unsafe_checkpoint_is_refused_before_anything_starts(tmp_path, monkeypatch, capsys):
     from project.serve import main
 

@@ -12,8 +12,8 @@ label and against the offline prediction of the same PNG by the same model: `pyt
 
 Settings: the checkpoint, ONNX fp32 and ONNX int8 (static; both written and verified by `python -m project export`)
 served with max_batch_size 1, 8 and 32, and the baseline: one FastAPI + uvicorn process that decodes and runs the
-same network once per request, the way tutorials do; each at concurrency 1, 8 and 64. One torch / onnxruntime thread
-per process for all of them. Rounds alternate the order of the servers and of the concurrencies; the table gives
+same network once per request, the way tutorials do (--baseline_processes 1 2: also two, as `uvicorn --workers 2`);
+each at concurrency 1, 8 and 64. One torch / onnxruntime thread per process for all of them. Rounds alternate the order of the servers and of the concurrencies; the table gives
 medians over rounds. Client and server CPU are given in cores (1.0 = one core busy for the whole measurement), and
 the server's CPU per answered request is split into its HTTP servers' and its inference worker's.
 """
@@ -150,12 +150,12 @@ def write_lua(folder: Path, labels: list[int], refs: dict[int, int], path: Path)
     path.write_text(script.replace("BOUNDARY", boundary))
 
 
-def tree_cpu(pid: int) -> dict[str, float]:
+def tree_cpu(pid: int, litserve: bool) -> dict[str, float]:
     """CPU seconds used so far by ``pid``'s process tree, by role: ``http``, ``worker`` and ``other``.
 
     LitServe spawns its inference workers (``multiprocessing.spawn`` in the command line) and forks its HTTP servers
     (and its idle Manager) from the main process, which holds the ZeroMQ broker thread (``other``, as is the
-    resource tracker). A process without children (the baseline) is all ``http``: it does everything itself.
+    resource tracker). The baseline (``litserve`` False) is all ``http``: its processes do everything themselves.
     """
     import psutil
 
@@ -169,8 +169,10 @@ def tree_cpu(pid: int) -> dict[str, float]:
                 cmdline = " ".join(p.cmdline())
             except psutil.NoSuchProcess:
                 continue
-            if p.pid == root.pid:
-                role = "other" if children else "http"
+            if not litserve:
+                role = "http"
+            elif p.pid == root.pid:
+                role = "other"
             elif "multiprocessing.spawn" in cmdline:
                 role = "worker"
             elif "resource_tracker" in cmdline:
@@ -238,12 +240,14 @@ def wrk(port: int, script: Path, connections: int, requests: int, timeout: float
     return result
 
 
-def measure(proc: subprocess.Popen, port: int, script: Path, c: int, args: argparse.Namespace) -> dict[str, Any]:
+def measure(
+    proc: subprocess.Popen, port: int, script: Path, c: int, args: argparse.Namespace, litserve: bool
+) -> dict[str, Any]:
     wrk(port, script, c, args.warmup, args.timeout, args.limit)
-    cpu0, t0 = tree_cpu(proc.pid), time.monotonic()
+    cpu0, t0 = tree_cpu(proc.pid, litserve), time.monotonic()
     r = wrk(port, script, c, args.requests, args.timeout, args.limit)
     wall = time.monotonic() - t0
-    cpu = {role: seconds - cpu0[role] for role, seconds in tree_cpu(proc.pid).items()}
+    cpu = {role: seconds - cpu0[role] for role, seconds in tree_cpu(proc.pid, litserve).items()}
     r["server_cores"] = sum(cpu.values()) / wall
     # Where one request's CPU goes: the HTTP servers (read, parse, prepare, answer) vs the inference worker.
     r["http_ms"] = 1e3 * cpu["http"] / r["requests"]
@@ -279,6 +283,11 @@ def baseline_app(ckpt: str) -> Any:
         return {"pred": pred, "prob": float(probs[pred]), "probs": probs.tolist(), "file": file.filename}
 
     return app
+
+
+def baseline_from_env() -> Any:
+    """``baseline_app`` for the checkpoint in $SERVE_BENCH_CKPT: what each of uvicorn's worker processes imports."""
+    return baseline_app(os.environ["SERVE_BENCH_CKPT"])
 
 
 def table(results: dict[tuple[str, int], list[dict[str, Any]]], n: int) -> str:
@@ -324,12 +333,24 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--limit", type=float, default=120, help="seconds one setting may take")
     parser.add_argument("--quick", action="store_true", help="1 round, 100 requests, 200 digits")
     parser.add_argument("--output", help="also write the table (Markdown) to this file")
+    parser.add_argument(
+        "--baseline_processes",
+        type=int,
+        nargs="+",
+        default=[1],
+        help="uvicorn processes of the FastAPI baseline (each value; `uvicorn --workers`, as tutorials scale it)",
+    )
     parser.add_argument("--baseline_port", type=int, help=argparse.SUPPRESS)  # run the baseline server itself
     args = parser.parse_args(argv)
-    if args.baseline_port:  # the baseline server's own process
+    if args.baseline_port:  # the baseline server's own process: args.baseline_processes holds one value
         import uvicorn
 
-        uvicorn.run(baseline_app(args.ckpt_path), host="127.0.0.1", port=args.baseline_port, log_level="warning")
+        processes, where = args.baseline_processes[0], {"host": "127.0.0.1", "port": args.baseline_port}
+        if processes == 1:
+            uvicorn.run(baseline_app(args.ckpt_path), **where, log_level="warning")
+        else:  # uvicorn's supervisor spawns the processes; each imports the app (this file is on sys.path)
+            os.environ["SERVE_BENCH_CKPT"] = args.ckpt_path
+            uvicorn.run("serve:baseline_from_env", factory=True, workers=processes, **where, log_level="warning")
         return ""
     if shutil.which("wrk") is None:
         parser.error("needs wrk, the load generator: apt-get install wrk")
@@ -366,7 +387,9 @@ def main(argv: list[str] | None = None) -> str:
                     cmd += [f"--batch_timeout={args.batch_timeout}", f"--worker_nice={nice}"]
                     name = f"LitServe {model}, max_batch_size {b}"
                     servers[name + (f", worker_nice {nice}" if len(args.worker_nice) > 1 else "")] = (model, cmd)
-        servers["FastAPI baseline (torch, batch 1)"] = ("fastapi", [__file__, f"--ckpt_path={args.ckpt_path}"])
+        for n in args.baseline_processes:
+            name = "FastAPI baseline (torch, batch 1)" + (f", {n} processes" if n > 1 else "")
+            servers[name] = ("fastapi", [__file__, f"--ckpt_path={args.ckpt_path}", f"--baseline_processes={n}"])
         results: dict[tuple[str, int], list[dict[str, Any]]] = {(s, c): [] for s in servers for c in args.concurrency}
         for round_ in range(1, args.rounds + 1):
             order = list(servers) if round_ % 2 else list(servers)[::-1]
@@ -377,7 +400,7 @@ def main(argv: list[str] | None = None) -> str:
                 proc = start([sys.executable, *cmd, f"{flag}={port}"], port)
                 try:
                     for c in args.concurrency if round_ % 2 else args.concurrency[::-1]:
-                        r = measure(proc, port, scripts[model], c, args)
+                        r = measure(proc, port, scripts[model], c, args, litserve=model != "fastapi")
                         results[(name, c)].append(r)
                         print(f"round {round_} {name} c={c}: {r['rps']:.0f} req/s, p50 {r['p50_ms']:.2f} ms, "
                               f"p99 {r['p99_ms']:.2f} ms, ok {r['ok']}/{r['requests']}", flush=True)  # fmt: skip

@@ -1,9 +1,10 @@
 """Serve a trained model over HTTP with dynamic batching: ``python -m project serve --ckpt_path CKPT``.
 
-Built on LitServe. Processes: the main one (starts and stops the others), ``--api_servers`` HTTP servers (uvicorn:
-they read the request, decode and prepare the image, so a bad one gets its 4xx there and never reaches a batch),
-and ``--workers`` inference workers (they gather up to ``--max_batch_size`` prepared images, waiting at most
-``--batch_timeout`` seconds for the batch to fill, and run the network once per batch).
+Built on LitServe. Processes: the main one (starts and stops the others), ``--api_servers`` HTTP servers (uvicorn,
+each on a listening socket of its own: they read the request, decode and prepare the image, so a bad one gets its
+4xx there and never reaches a batch), and ``--workers`` inference workers (they gather up to ``--max_batch_size``
+prepared images, waiting at most ``--batch_timeout`` seconds for the batch to fill, and run the network once per
+batch).
 
 Routes: ``POST /predict`` (multipart ``file``, JSON ``{"image": "<base64>"}`` or the raw image bytes),
 ``GET /health`` (200 once the model is loaded) and ``GET /info`` (the model, checkpoint and classes served).

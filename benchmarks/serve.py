@@ -252,7 +252,7 @@ def measure(
     r["server_cores"] = sum(cpu.values()) / wall
     # Where one request's CPU goes: the HTTP servers (read, parse, prepare, answer) vs the inference worker.
     r["http_ms"] = 1e3 * cpu["http"] / r["requests"]
-    r["worker_ms"] = 1e3 * cpu["worker"] / r["requests"] if cpu["worker"] else None
+    r["worker_ms"] = 1e3 * cpu["worker"] / r["requests"] if litserve else None  # the baseline has no worker
     r["client_cores"] = r["client_cpu_s"] / wall
     r["rps"] = r["requests"] / r["seconds"]
     return r

@@ -5,8 +5,11 @@ keys ``fit`` takes; its objective is the best validation metric (``val/acc``), n
 are pruned after an epoch (optuna-integration's ``PyTorchLightningPruningCallback``, a median pruner by default).
 The study lives in an Optuna storage: by default a SQLite file under ``logs/``; ``--storage`` takes any Optuna URL
 (``postgresql://...``, ``journal:<file>`` for Optuna's journal file). The same command started in several
-processes or on several machines against one storage shares one study. A killed trial is found by its missing
-heartbeat, marked failed and retried by the next run of the command; finished trials are never run again.
+processes or on several machines against one storage shares one study. Each trial records the process that runs it
+(host, PID, start time): a trial whose process is gone on this host is marked failed and retried by the next run of
+the command at once; one from another host, once its heartbeat is stale (2 x ``--heartbeat``). Finished trials are
+never run again. Each process seeds its sampler anew (or from ``--seed`` and the trials already in the study), and
+TPE's constant liar keeps parallel processes off the points the others are running: no two trials share values.
 Each trial is a TensorBoard run ``<save_dir>/<study>/trial_<n>/``; at the end the trials are printed as a table and
 the best trial's values are written as a YAML overlay, ``<save_dir>/<study>/best.yaml``.
 """
@@ -16,6 +19,8 @@ import contextlib
 import io
 import json
 import math
+import secrets
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -25,12 +30,15 @@ import yaml
 
 try:
     import optuna
+    import psutil
     import sqlalchemy.exc
     from optuna_integration import PyTorchLightningPruningCallback
 except ImportError as exc:  # an optional extra
     raise ImportError("`tune` needs Optuna: pip install -e '.[tune]'") from exc
 
 TYPES = ("float", "int", "categorical")
+FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+RUNNING = optuna.trial.TrialState.RUNNING
 
 
 class SearchSpaceError(ValueError):
@@ -116,9 +124,67 @@ def check_keys(space: dict[str, dict[str, Any]], fit_args: list[str], search: st
             ) from None
 
 
+RETRY = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=3)
+
+
+def this_process(trial: int) -> dict[str, Any]:
+    """Trial ``trial``'s owner, beyond doubt on its host: a PID is reused, a PID with its start time is not."""
+    me = psutil.Process()
+    return {"trial": trial, "host": socket.gethostname(), "pid": me.pid, "started": me.create_time()}
+
+
+def is_dead(owner: dict[str, Any]) -> bool:
+    """Whether the process ``owner`` (a trial's ``process`` attribute) is certainly gone: on this host only."""
+    if owner.get("host") != socket.gethostname():
+        return False  # another machine's process: only its heartbeat can tell
+    try:
+        # The same PID started at another time is another process: the owner is gone and its PID reused.
+        return abs(psutil.Process(owner["pid"]).create_time() - owner["started"]) > 1.0
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.AccessDenied:
+        return False  # alive, under another user
+
+
+def fail_dead_trials(study: optuna.Study, storage: Any) -> list[int]:
+    """Mark failed, and queue for a retry, the running trials whose process on this host is gone.
+
+    Optuna fails a killed trial only once its heartbeat is stale (the grace period); a restart at once would count
+    it as running and stop short. Here the owner's host, PID and start time make the death certain without waiting.
+
+    Returns:
+        The numbers of the trials it failed.
+    """
+    failed = []
+    study_id = storage.get_study_id_from_name(study.study_name)
+    for trial in study.get_trials(deepcopy=False, states=(RUNNING,)):
+        owner = trial.user_attrs.get("process")
+        # A retry inherits its failed trial's attributes: until its own process writes its own, the owner is unknown.
+        if not isinstance(owner, dict) or owner.get("trial") != trial.number or not is_dead(owner):
+            continue
+        trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, trial.number)
+        try:
+            changed = storage.set_trial_state_values(trial_id, state=optuna.trial.TrialState.FAIL)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            changed = False
+        if changed:  # False: another restarted process failed it first, and queued its retry
+            RETRY(study, storage.get_trial(trial_id))
+            failed.append(trial.number)
+    if failed:
+        print(f"tune: killed trial(s) {failed} failed and queued again (their process on this host is gone)")
+    return failed
+
+
+def live_trials(study: optuna.Study, storage: Any) -> int:
+    """Trials finished or running in a live process: a dead local owner's trial and a stale heartbeat's fail first."""
+    fail_dead_trials(study, storage)
+    if isinstance(storage, optuna.storages.RDBStorage):  # the journal file has no heartbeat
+        optuna.storages.fail_stale_trials(study)  # Optuna runs it as a trial starts; a count needs it now too
+    return len(study.get_trials(deepcopy=False, states=(*FINISHED, RUNNING)))
+
+
 def storage_for(url: str | None, root: Path, study: str, heartbeat: int) -> Any:
     """The Optuna storage: SQLite under ``root`` by default, ``journal:<file>``, or any RDB URL; with heartbeats."""
-    retry = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=3)
     if url is not None and url.startswith("journal:"):
         backend = optuna.storages.journal.JournalFileBackend(url.removeprefix("journal:"))
         return optuna.storages.JournalStorage(backend)
@@ -128,7 +194,7 @@ def storage_for(url: str | None, root: Path, study: str, heartbeat: int) -> Any:
 
     def open_storage() -> optuna.storages.RDBStorage:
         return optuna.storages.RDBStorage(
-            url, heartbeat_interval=heartbeat, grace_period=2 * heartbeat, heartbeat_stale_trial_callback=retry
+            url, heartbeat_interval=heartbeat, grace_period=2 * heartbeat, heartbeat_stale_trial_callback=RETRY
         )
 
     for attempt in range(4):
@@ -155,7 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--metric", default="val/acc", help="what a trial is judged on, each epoch")
     parser.add_argument("--direction", choices=["maximize", "minimize"], default="maximize")
     parser.add_argument("--pruner", choices=["median", "hyperband", "none"], default="median")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the sampler (TPE)")
+    parser.add_argument(
+        "--seed", type=int, help="sampler seed, plus the study's trial count at start (default: a new one per process)"
+    )
     parser.add_argument("--heartbeat", type=int, default=60, help="seconds between a running trial's heartbeats")
     return parser
 
@@ -251,12 +319,18 @@ def tune(args: argparse.Namespace, fit_args: list[str]) -> optuna.Study:
         storage=storage,
         load_if_exists=True,  # a second process, a second machine or a re-run joins the study
         direction=args.direction,
-        sampler=optuna.samplers.TPESampler(seed=args.seed),
         pruner=pruner,
     )
-    finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+    # One seed for every process would propose, in a restart and in each of several processes, the points the first
+    # one tried: each process seeds anew, or from --seed and the trials already there (a lone first run repeats).
+    seed = secrets.randbelow(2**31) if args.seed is None else args.seed + len(study.trials)
+    # constant_liar: TPE takes the points other processes are running as bad ones, and proposes elsewhere.
+    study.sampler = optuna.samplers.TPESampler(seed=seed, constant_liar=True)
+    print(f"tune: study {args.study!r}, sampler seed {seed}")
 
     def objective(trial: optuna.Trial) -> float:
+        # Before any work: a kill from here on is known for certain at a restart on this host.
+        trial.set_user_attr("process", this_process(trial.number))
         values = suggest(trial, space)
         tracker = Tracker(args.metric, args.direction, values)
         argv = [
@@ -275,16 +349,13 @@ def tune(args: argparse.Namespace, fit_args: list[str]) -> optuna.Study:
             raise RuntimeError(f"trial {trial.number} logged no {args.metric}: is it the name of a logged metric?")
         return tracker.best
 
-    if len(study.get_trials(states=finished)) < args.trials:
-        study.optimize(
-            objective,
-            timeout=args.timeout,
-            # Counting the trials other processes are running too: together they stop at --trials, not one more each.
-            callbacks=[
-                optuna.study.MaxTrialsCallback(args.trials, states=(*finished, optuna.trial.TrialState.RUNNING))
-            ],
-            gc_after_trial=True,
-        )
+    def stop_at_trials(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        # Counting the trials other live processes are running too: together they stop at --trials, not one more each.
+        if live_trials(study, storage) >= args.trials:
+            study.stop()
+
+    if live_trials(study, storage) < args.trials:
+        study.optimize(objective, timeout=args.timeout, callbacks=[stop_at_trials], gc_after_trial=True)
     return study
 
 
@@ -299,6 +370,10 @@ def main(argv: list[str] | None = None) -> optuna.Study:
         parser.error(str(exc))
     print(report(study))
     complete = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+    done, running = len(study.get_trials(states=FINISHED)), len(study.get_trials(states=(RUNNING,)))
+    if done < args.trials:  # others still running, or a trial failed: say so, the table shows which
+        then = f"{running} still running in other processes" if running else "run the command again to finish"
+        print(f"{done} of {args.trials} trials complete or pruned so far: {then}.")
     if not complete:
         print("No trial completed: nothing to write.")
         return study

@@ -1,11 +1,14 @@
-"""`python -m project tune`: the search space, pruning, shared and resumed studies, a PostgreSQL storage."""
+"""`python -m project tune`: search space, pruning, shared and resumed studies, a PostgreSQL storage, the dashboard."""
 
+import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -15,10 +18,15 @@ from project.cli import cli_main
 from tests.conftest import ROOT, small_run
 
 optuna = pytest.importorskip("optuna", reason="the tune extra is not installed: pip install -e '.[tune]'")
-from project.tune import SearchSpaceError, load_search_space, storage_for  # noqa: E402
+from project.tune import SearchSpaceError, fail_dead_trials, load_search_space, storage_for  # noqa: E402
 
 # One trial in two: a learning rate that learns the synthetic digits, and one that cannot (pruned once 2 are done).
 LEARNS_OR_NOT = "model.optimizer.init_args.lr: {type: categorical, choices: [0.003, 1.0e-9]}\n"
+# A space where two trials share values only if the sampler proposed the same point twice.
+CONTINUOUS = (
+    "model.optimizer.init_args.lr: {type: float, low: 1.0e-3, high: 1.0e-2, log: true}\n"
+    "model.net.init_args.dropout: {type: float, low: 0.0, high: 0.5}\n"
+)
 
 
 def write(tmp_path: Path, text: str, name: str = "space.yaml") -> str:
@@ -76,7 +84,8 @@ def test_an_unknown_key_is_an_error_before_any_trial(mnist_dir, tmp_path, monkey
 def test_a_study_prunes_hopeless_trials_logs_each_trial_and_writes_a_best_overlay(mnist_dir, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     logs = tmp_path / "logs"
-    study = cli_main(tune_args(mnist_dir, logs, write(tmp_path, LEARNS_OR_NOT), "--trials=4", "--study=s"))
+    space = write(tmp_path, LEARNS_OR_NOT)
+    study = cli_main(tune_args(mnist_dir, logs, space, "--trials=4", "--study=s", "--seed=0"))  # seed 0: both values
     states = [t.state.name for t in study.trials]
     assert "COMPLETE" in states and "PRUNED" in states, states
     for t in study.trials:  # one TensorBoard run per trial, with its HParams entry
@@ -93,23 +102,27 @@ def test_a_study_prunes_hopeless_trials_logs_each_trial_and_writes_a_best_overla
 
 def tune_process(cwd: Path, mnist_dir: Path, storage: str, study: str, *extra: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "project"]
-    cmd += tune_args(mnist_dir, cwd / "logs", write(cwd, LEARNS_OR_NOT), f"--storage={storage}", f"--study={study}")
+    cmd += tune_args(mnist_dir, cwd / "logs", write(cwd, CONTINUOUS), f"--storage={storage}", f"--study={study}")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen(
         [*cmd, *extra], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
 
 
-def check_shared(storage: str, name: str, trials: int) -> None:
+def check_shared(storage: str, name: str, trials: int) -> optuna.Study:
+    """Exactly ``trials`` finished, none left running, and no point proposed twice (a retry re-runs its own)."""
     study = optuna.load_study(study_name=name, storage=storage)
-    done = [t for t in study.trials if t.state.name in ("COMPLETE", "PRUNED")]
-    assert len(done) == trials, [t.state.name for t in study.trials]
+    states = [t.state.name for t in study.trials]
+    assert states.count("COMPLETE") + states.count("PRUNED") == trials and "RUNNING" not in states, states
     numbers = [t.number for t in study.trials]
     assert len(numbers) == len(set(numbers))
+    proposed = [tuple(sorted(t.params.items())) for t in study.trials if "failed_trial" not in t.system_attrs]
+    assert len(proposed) == len(set(proposed)), proposed
+    return study
 
 
-def run_two_workers(tmp_path: Path, mnist_dir: Path, storage: str, name: str = "shared") -> None:
-    procs = [tune_process(tmp_path, mnist_dir, storage, name, "--trials=4") for _ in range(2)]
+def run_two_workers(tmp_path: Path, mnist_dir: Path, storage: str, name: str = "shared", trials: int = 4) -> None:
+    procs = [tune_process(tmp_path, mnist_dir, storage, name, f"--trials={trials}") for _ in range(2)]
     try:
         outputs = [p.communicate(timeout=300)[0] for p in procs]
     finally:
@@ -117,7 +130,7 @@ def run_two_workers(tmp_path: Path, mnist_dir: Path, storage: str, name: str = "
             p.kill()
             p.wait()
     assert all(p.returncode == 0 for p in procs), outputs[0][-2000:] + outputs[1][-2000:]
-    check_shared(storage, name, 4)
+    check_shared(storage, name, trials)
 
 
 def test_a_process_that_loses_the_race_to_create_the_schema_opens_the_storage(tmp_path, monkeypatch):
@@ -154,45 +167,109 @@ def test_two_processes_share_one_study_in_postgresql(mnist_dir, tmp_path):
         pytest.skip("PROJECT_TEST_POSTGRES_URL is not set: no PostgreSQL server to test against (CI starts one)")
     name = f"shared-{uuid.uuid4().hex[:8]}"  # the server outlives the test: a study of this run's own
     try:
-        run_two_workers(tmp_path, mnist_dir, url, name)
+        run_two_workers(tmp_path, mnist_dir, url, name, trials=6)
     finally:
         optuna.delete_study(study_name=name, storage=url)
 
 
-@pytest.mark.slow  # two tune processes, one SIGKILLed mid-trial: ~40 s
-def test_a_killed_study_resumes_marks_the_killed_trial_failed_and_retries_it(mnist_dir, tmp_path):
+def test_a_trial_whose_process_died_on_this_host_is_failed_and_queued_again_at_once(tmp_path):
+    storage = storage_for(None, tmp_path, "dead", heartbeat=60)  # a grace period of 120 s: not what finds it here
+    study = optuna.create_study(study_name="dead", storage=storage)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    import psutil
+
+    me, host = psutil.Process(), socket.gethostname()
+    owners = {
+        "dead": {"host": host, "pid": dead.pid, "started": time.time() - 5},
+        "reused pid": {"host": host, "pid": me.pid, "started": me.create_time() - 100},
+        "alive": {"host": host, "pid": me.pid, "started": me.create_time()},
+        "other host": {"host": host + "-elsewhere", "pid": dead.pid, "started": 0.0},
+    }
+    numbers = {}
+    for name, owner in owners.items():
+        trial = study.ask()
+        trial.suggest_float("x", 0.0, 1.0)
+        trial.set_user_attr("process", {"trial": trial.number, **owner})
+        numbers[name] = trial.number
+    assert fail_dead_trials(study, storage) == [numbers["dead"], numbers["reused pid"]]
+    state = {t.number: t.state.name for t in study.trials}
+    assert [state[numbers[n]] for n in owners] == ["FAIL", "FAIL", "RUNNING", "RUNNING"]
+    retries = [t for t in study.trials if t.state.name == "WAITING"]
+    assert sorted(t.system_attrs["failed_trial"] for t in retries) == [numbers["dead"], numbers["reused pid"]]
+    assert retries[0].params == study.trials[retries[0].system_attrs["failed_trial"]].params
+    # The retry inherits the dead owner's attribute, for another trial number: not taken for a dead owner of its own.
+    assert fail_dead_trials(study, storage) == []
+
+
+def test_the_dashboard_serves_a_study_s_trials_over_http(tmp_path):
+    url = f"sqlite:///{tmp_path / 'dash.db'}"
+    study = optuna.create_study(study_name="dash", storage=url, direction="maximize")
+    study.optimize(lambda t: t.suggest_float("model.optimizer.init_args.lr", 1e-4, 1e-2, log=True), n_trials=3)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [Path(sys.executable).with_name("optuna-dashboard"), url, "--host", "127.0.0.1", "--port", str(port)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate(timeout=5)[0][-2000:]
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=5) as r:
+                    studies = json.load(r)["study_summaries"]
+                break
+            except OSError:
+                time.sleep(0.3)
+        (summary,) = [s for s in studies if s["study_name"] == "dash"]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies/{summary['study_id']}", timeout=5) as r:
+            trials = json.load(r)["trials"]
+        assert [t["state"] for t in trials] == ["Complete"] * 3
+        assert [t["values"][0] for t in trials] == [t.value for t in study.trials]
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.slow  # two tune processes started together, one SIGKILLed mid-trial and started again at once: ~60 s
+def test_a_killed_study_restarted_at_once_retries_the_killed_trial_and_never_repeats_a_point(mnist_dir, tmp_path):
     storage = f"sqlite:///{tmp_path / 'kill.db'}"
     slow = ["--trainer.callbacks+=tests.slow_steps.SlowSteps", f"--trainer.callbacks.folder={tmp_path / 'p'}"]
-    slow += ["--trainer.callbacks.seconds=0.3", "--heartbeat=1", "--trials=3"]
-    proc = tune_process(tmp_path, mnist_dir, storage, "shared", *slow)
+    slow += ["--trainer.callbacks.seconds=0.3", "--trials=5"]  # the default heartbeat: stale only after 120 s
+    victim, other = (tune_process(tmp_path, mnist_dir, storage, "shared", *slow) for _ in range(2))
     try:
         deadline = time.monotonic() + 180
-        while True:  # one trial finished and the next one running: kill it there
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-2000:]
+        while True:  # one trial finished and the victim running the next one: kill it there
+            assert victim.poll() is None and time.monotonic() < deadline, victim.communicate()[0][-2000:]
             try:
                 trials = optuna.load_study(study_name="shared", storage=storage).trials
             except KeyError:
                 trials = []
-            if any(t.state.name == "COMPLETE" for t in trials) and trials[-1].state.name == "RUNNING":
-                time.sleep(1.5)  # its heartbeat thread has written at least once: a trial without one is not stale
+            running = [t for t in trials if t.state.name == "RUNNING" and t.user_attrs.get("process", {}).get("pid")]
+            mine = [t for t in running if t.user_attrs["process"]["pid"] == victim.pid]
+            if any(t.state.name == "COMPLETE" for t in trials) and mine:
                 break
             time.sleep(0.2)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.wait()
+        killed = mine[0].number
+        before = {t.number: t.value for t in trials if t.state.name == "COMPLETE"}
+        again = tune_process(tmp_path, mnist_dir, storage, "shared", *slow)  # at once, as a scheduler would
+        out = again.communicate(timeout=300)[0]
+        assert again.returncode == 0, out[-3000:]
+        other_out = other.communicate(timeout=300)[0]
+        assert other.returncode == 0, other_out[-3000:]
+        # Whichever of the two looked first (the restart as it starts, the other after its trial) retried it.
+        assert f"killed trial(s) [{killed}] failed and queued again" in out + other_out, out[-3000:]
     finally:
-        proc.kill()
-        proc.wait()
-    before = {t.number: t.value for t in trials if t.state.name == "COMPLETE"}
-    killed = trials[-1].number
-    time.sleep(3)  # past the grace period (2 heartbeats) of the killed trial
-    again = tune_process(tmp_path, mnist_dir, storage, "shared", *slow)
-    out = again.communicate(timeout=300)[0]
-    assert again.returncode == 0, out[-3000:]
-    study = optuna.load_study(study_name="shared", storage=storage)
+        for p in (victim, other):
+            p.kill()
+            p.wait()
+    study = check_shared(storage, "shared", 5)
     by_number = {t.number: t for t in study.trials}
     assert by_number[killed].state.name == "FAIL"
     retried = [t for t in study.trials if t.system_attrs.get("failed_trial") == killed]
     assert retried and retried[0].params == by_number[killed].params
+    assert retried[0].state.name in ("COMPLETE", "PRUNED")  # long before the 120 s grace period of a heartbeat
     for number, value in before.items():  # completed trials are kept, never run again
         assert by_number[number].state.name == "COMPLETE" and by_number[number].value == value
-    assert len([t for t in study.trials if t.state.name in ("COMPLETE", "PRUNED")]) >= 3

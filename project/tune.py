@@ -9,7 +9,8 @@ processes or on several machines against one storage shares one study. Each tria
 (host, PID, start time): a trial whose process is gone on this host is marked failed and retried by the next run of
 the command at once; one from another host, once its heartbeat is stale (2 x ``--heartbeat``). Finished trials are
 never run again. Each process seeds its sampler anew (or from ``--seed`` and the trials already in the study), and
-TPE's constant liar keeps parallel processes off the points the others are running: no two trials share values.
+TPE's constant liar keeps parallel processes off the points the others are running: a restart or a parallel process
+proposes points of its own (a retry re-runs its failed trial's values).
 Each trial is a TensorBoard run ``<save_dir>/<study>/trial_<n>/``; at the end the trials are printed as a table and
 the best trial's values are written as a YAML overlay, ``<save_dir>/<study>/best.yaml``.
 """
@@ -178,8 +179,7 @@ def fail_dead_trials(study: optuna.Study, storage: Any) -> list[int]:
 def live_trials(study: optuna.Study, storage: Any) -> int:
     """Trials finished or running in a live process: a dead local owner's trial and a stale heartbeat's fail first."""
     fail_dead_trials(study, storage)
-    if isinstance(storage, optuna.storages.RDBStorage):  # the journal file has no heartbeat
-        optuna.storages.fail_stale_trials(study)  # Optuna runs it as a trial starts; a count needs it now too
+    optuna.storages.fail_stale_trials(study)  # Optuna runs it as a trial starts (no-op without heartbeats): now too
     return len(study.get_trials(deepcopy=False, states=(*FINISHED, RUNNING)))
 
 

@@ -147,15 +147,18 @@ def run_variant(name: str, steps: int, warmup: int, logs: str) -> dict:
 def machine() -> str:
     import torch
 
-    from project.hardware import cpu_has_native_bf16, recommended_precision
+    from project.hardware import cpu_flags, cpu_has_native_bf16, recommended_precision
 
     model = platform.processor() or platform.machine()
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.is_file():
         names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if "model name" in line]
         model = names[0] if names else model
+    # The flags that decide the speed of bf16 and int8 here: the same model name covers CPUs with and without them.
+    wanted = {"amx_bf16": "AMX", "avx512_bf16": "AVX-512 BF16", "avx512_vnni": "AVX-512 VNNI", "avx2": "AVX2"}
+    flags = ", ".join(name for flag, name in wanted.items() if flag in cpu_flags()) or "no AVX2"
     return (
-        f"{model}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}, "
+        f"{model} ({flags}), {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads, native CPU bf16: {cpu_has_native_bf16()}, "
         f"recommended precision: {recommended_precision()}"
     )

@@ -38,6 +38,8 @@ class MNISTClassifier(L.LightningModule):
             parameter names, so they load with or without it.
         init_from: A checkpoint whose network weights ``fit`` starts from (fine-tuning, e.g. configs/prune.yaml):
             weights only, with a fresh optimizer, schedule and epoch count, unlike ``--ckpt_path``, which resumes.
+        label_smoothing: Share of each training target spread evenly over all classes (0 = one-hot targets).
+            Training loss only: val/loss and test/loss stay the plain cross-entropy, comparable across recipes.
     """
 
     def __init__(
@@ -51,10 +53,13 @@ class MNISTClassifier(L.LightningModule):
         channels_last: bool = False,
         compile: bool = False,
         init_from: str | None = None,
+        label_smoothing: float = 0.0,
     ) -> None:
         super().__init__()
         if scheduler_interval not in ("epoch", "step"):
             raise ValueError(f"model.scheduler_interval must be 'epoch' or 'step', got {scheduler_interval!r}")
+        if not 0.0 <= label_smoothing < 1.0:
+            raise ValueError(f"model.label_smoothing must be in [0, 1), got {label_smoothing!r}")
         # Under LightningCLI the hparams are the config (class paths and init args), which is what lets
         # `MNISTClassifier.load_from_checkpoint(path)` rebuild an injected net with no other argument.
         # load_from_checkpoint passes the rebuilt net object; on_load_checkpoint puts its config back.
@@ -70,6 +75,7 @@ class MNISTClassifier(L.LightningModule):
         if channels_last:
             self.net = self.net.to(memory_format=torch.channels_last)
         self.loss_fn = nn.CrossEntropyLoss()  # takes logits: log-softmax is inside
+        self.train_loss_fn = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
         # One metric object per stage: torchmetrics keeps running state that must not mix stages. Each step
         # updates them (~30 us); each epoch-end hook logs them once (self.log costs ~0.5 ms a call on a CPU).
         self.train_acc = MulticlassAccuracy(num_classes, average="micro", validate_args=False)
@@ -110,7 +116,7 @@ class MNISTClassifier(L.LightningModule):
         """Loss and logits (B, C) of one batch, added to the stage's epoch loss and accuracy."""
         x, y = batch
         logits = self(x)
-        loss = self.loss_fn(logits, y)
+        loss = (self.train_loss_fn if stage == "train" else self.loss_fn)(logits, y)
         if stage == "train" and not torch.isfinite(loss):
             raise FloatingPointError(
                 f"train/loss is {loss.item()} at global step {self.trainer.global_step} (epoch "

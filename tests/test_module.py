@@ -81,3 +81,20 @@ def test_step_loss_is_logged_on_every_step_the_logger_writes(tmp_path):
     assert [int(row["step"]) for row in rows] == [2, 5, 8, 11]  # 14 steps over two epochs, every third written
     for row in rows:
         assert float(row["train/loss_step"]) == pytest.approx(losses.losses[int(row["step"])], rel=1e-6)
+
+
+def test_label_smoothing_softens_the_training_loss_only():
+    """model.label_smoothing changes the loss that trains; val/test loss stay the plain cross-entropy."""
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    model = MNISTClassifier(net=CNN(num_classes=10), label_smoothing=0.1)
+    x, y = torch.randn(8, 1, 28, 28), torch.randint(0, 10, (8,))
+    logits = model(x)
+    train_loss, _ = model._shared_step((x, y), "train")
+    val_loss, _ = model._shared_step((x, y), "val")
+    torch.testing.assert_close(train_loss, F.cross_entropy(logits, y, label_smoothing=0.1))
+    torch.testing.assert_close(val_loss, F.cross_entropy(logits, y))
+    assert not torch.allclose(train_loss, val_loss)
+    with pytest.raises(ValueError, match=r"model.label_smoothing must be in \[0, 1\), got 1.0"):
+        MNISTClassifier(label_smoothing=1.0)

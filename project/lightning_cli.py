@@ -18,6 +18,7 @@ import lightning as L
 import torch
 import yaml
 from jsonargparse import Namespace
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import TensorBoardLogger
@@ -27,15 +28,23 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from project.checkpointing import CheckpointError, SaveOnInterrupt, find_last_checkpoint, load_checkpoint
 from project.data import MNISTDataError
 from project.folder import FolderDataError
-from project.hardware import recommended_precision
+from project.hardware import cpu_has_native_bf16, recommended_precision
 from project.module import MNISTClassifier
 from project.visuals import TensorBoardImages
 from project.writer import free_path
 
 # The recipe every command starts from; --config files and flags override it key by key.
 DEFAULT_RECIPE = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
+
+
+class TrainerConfigError(RuntimeError):
+    """The Trainer options given (accelerator, devices, strategy, precision) cannot run on this machine."""
+
+
 # Errors that name the file, key or value and the remedy: the console script prints them without a traceback.
-USER_ERRORS = (MNISTDataError, FolderDataError, CheckpointError, FloatingPointError)
+USER_ERRORS = (MNISTDataError, FolderDataError, CheckpointError, FloatingPointError, TrainerConfigError)
+# The Trainer options that pick the hardware, in the order an error message names them.
+HARDWARE_KEYS = ("accelerator", "devices", "strategy", "precision", "num_nodes")
 # A Trainer feature that can be switched off, and the configured callbacks that cannot work without it.
 NEEDS_FEATURE: dict[str, tuple[type, ...]] = {
     "logger": (LearningRateMonitor, TensorBoardImages),
@@ -133,6 +142,61 @@ def command_line_keys(argv: list[str], prefix: str) -> list[str]:
     """The dotted keys under ``prefix`` given as ``--key value`` or ``--key=value`` in ``argv``."""
     keys = [arg[2:].split("=", 1)[0] for arg in argv if arg.startswith(f"--{prefix}")]
     return list(dict.fromkeys(keys))
+
+
+def traceback_file(exc: BaseException) -> str:
+    """The file of the innermost frame that raised ``exc``."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb.tb_frame.f_code.co_filename if tb is not None else ""
+
+
+def option_source(argv: list[str], key: str) -> str | None:
+    """Where the last value of the dotted ``key`` in ``argv`` came from: a ``--config`` file, or the command line."""
+    source = None
+    top, _, rest = key.partition(".")
+    for i, arg in enumerate(argv):
+        if (arg in ("--config", "-c") and i + 1 < len(argv)) or arg.startswith("--config="):
+            path = arg.split("=", 1)[1] if "=" in arg else argv[i + 1]
+            try:
+                tree = yaml.safe_load(Path(path).read_text()) or {}
+            except (OSError, yaml.YAMLError):
+                continue
+            if isinstance(tree, dict) and isinstance(tree.get(top), dict) and rest in tree[top]:
+                source = path
+        elif arg == f"--{key}" or arg.startswith(f"--{key}="):
+            source = "the command line"
+    return source
+
+
+def explain_trainer_error(exc: BaseException, trainer: dict[str, Any], argv: list[str]) -> str:
+    """One line for a Trainer that cannot be built here: the option, where it was set, and what to use instead."""
+    accelerator = str(trainer.get("accelerator"))
+    if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+        where = option_source(argv, "trainer.accelerator")
+        by = f" (set by {where})" if where else ""
+        instead = []
+        if str(trainer.get("precision")) in ("16-mixed", "16", "16-true"):
+            bf16 = "native bf16" if cpu_has_native_bf16() else "no native bf16: it would be emulated and slow"
+            instead.append(
+                f"configs/bf16-mixed.yaml on a CPU with native bf16 (this one has {bf16}) or no precision overlay"
+            )
+        if trainer.get("strategy") not in (None, "auto") or trainer.get("devices") not in (None, "auto", 1):
+            instead.append("configs/ddp_cpu.yaml for several processes on this CPU")
+        use = "; ".join(instead) or "leave trainer.accelerator at auto (or set cpu)"
+        return (
+            f"trainer.accelerator={accelerator!r}{by} needs a CUDA GPU, and this machine has none "
+            f"(`python -m project env` says what it has). Use instead: {use}."
+        )
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    sources = {k: option_source(argv, f"trainer.{k}") for k in HARDWARE_KEYS}
+    named = [k for k in HARDWARE_KEYS if k in message.lower()] or [k for k in HARDWARE_KEYS if sources[k]]
+    named = [k for k in named if sources[k]] or named or ["accelerator"]  # what the user set, where Lightning says
+    options = ", ".join(
+        f"trainer.{k}={trainer.get(k)!r}" + (f" (set by {sources[k]})" if sources[k] else "") for k in named
+    )
+    return f"{options}: not available on this machine: {message} (`python -m project env` says what it has)."
 
 
 class MNISTCLI(LightningCLI):
@@ -310,7 +374,14 @@ class MNISTCLI(LightningCLI):
         # A named callback set to null (`--early_stopping null`) is absent, not None, in the Trainer's list.
         extra = [self._get(self.config_init, key) for key in self._parser(self.subcommand).callback_keys]
         trainer_config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
-        return self._instantiate_trainer(trainer_config, [c for c in extra if c is not None] + self._callbacks)
+        try:
+            return self._instantiate_trainer(trainer_config, [c for c in extra if c is not None] + self._callbacks)
+        except (MisconfigurationException, ModuleNotFoundError, TypeError) as exc:
+            # Lightning's connector says a device, strategy or precision is not available with a 30-line traceback;
+            # the user gave the option, so name it. Errors raised elsewhere (our code, a bug) keep their traceback.
+            if not isinstance(exc, MisconfigurationException) and "/lightning/" not in traceback_file(exc):
+                raise
+            raise TrainerConfigError(explain_trainer_error(exc, trainer_config, self._argv)) from exc
 
     def after_fit(self) -> None:
         """Optionally test the best checkpoint, then give TensorBoard's HParams tab the run's real results."""

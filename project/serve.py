@@ -9,7 +9,8 @@ batch).
 Routes: ``POST /predict`` (multipart ``file``, JSON ``{"image": "<base64>"}`` or the raw image bytes),
 ``GET /health`` (200 once the model is loaded) and ``GET /info`` (the model, checkpoint and classes served).
 Images are prepared by ``project/images.py``, the code ``predict --data.predict_dir`` runs, so a file gets the same
-answer from both. SIGTERM (``docker stop``, systemd, Kubernetes) stops accepting, answers what is in flight, exits 0.
+answer from both. SIGTERM (``docker stop``, systemd, Kubernetes) and SIGINT (Ctrl-C, which the terminal sends to every
+process of the group) stop accepting, answer what is in flight and exit 0; only the main process acts on them.
 """
 
 import argparse
@@ -37,6 +38,7 @@ from project.images import BlankImage, ImageTooLarge, prepare_image
 
 try:
     import litserve as ls
+    import uvicorn.server
     from litserve.server import no_auth
 except ImportError as exc:  # an optional extra
     raise ImportError("`serve` needs LitServe: pip install -e '.[serve]'") from exc
@@ -268,23 +270,35 @@ async def allow_all() -> None:
     """No authentication (LitServe's default without an API key), run in the event loop."""
 
 
-def stop_on_sigterm() -> None:
-    """Make SIGTERM end ``LitServer.run`` the way Ctrl-C does: drained, every process stopped, exit code 0.
+def stop_on_signals() -> None:
+    """Make SIGTERM and SIGINT end ``LitServer.run`` the way LitServe's Ctrl-C path does: drained, all stopped, exit 0.
 
     By default SIGTERM kills the main process at once and leaves its HTTP servers and inference workers running.
     As KeyboardInterrupt, it takes LitServe's own shutdown path: the HTTP servers stop accepting and answer the
-    requests in flight (uvicorn's graceful shutdown), then the inference workers stop.
+    requests in flight (uvicorn's graceful shutdown), then the inference workers stop. SIGINT takes the same path,
+    whether the parent left it at its default (a terminal's Ctrl-C) or ignored it (a shell's background job): a
+    terminal sends it to every process of the group, so the children must leave it to the main process, which stops
+    them in order. The inference workers are started with SIGINT ignored (``DigitServer.launch_inference_worker``);
+    the HTTP servers are forked with this handler, which ignores SIGINT outside the main process, and uvicorn is
+    told to handle only SIGTERM (it would otherwise close its socket on a Ctrl-C and leave the rest running).
     """
 
     main_pid = os.getpid()
 
     def handler(signum: int, frame: Any) -> None:
-        if os.getpid() != main_pid:  # a forked HTTP server inherits this handler: uvicorn re-raises the signal
-            raise SystemExit(0)  # once it has shut down gracefully, and then it is done
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not interrupt the shutdown
+        if os.getpid() != main_pid:  # a forked HTTP server inherits this handler
+            if signum == signal.SIGINT:
+                return  # the main process stops this one with SIGTERM, after the requests in flight
+            raise SystemExit(0)  # SIGTERM: uvicorn re-raises it once it has shut down gracefully; then it is done
+        for sig in (signal.SIGTERM, signal.SIGINT):  # a second signal must not interrupt the shutdown
+            signal.signal(sig, signal.SIG_IGN)
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, handler)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, handler)
+    # uvicorn installs its own SIGINT and SIGTERM handlers in each HTTP server, whatever was there before; it reads
+    # this module constant when it does (uvicorn 0.29 and later; 0.55 tested). SIGTERM only: SIGINT is for main.
+    uvicorn.server.HANDLED_SIGNALS = (signal.SIGTERM,)
 
 
 class DigitServer(ls.LitServer):
@@ -319,6 +333,15 @@ class DigitServer(ls.LitServer):
         if num_uvicorn_servers > 1 and uvicorn_worker_type == "process" and BALANCES:
             sockets = SocketPerServer(sockets[0])  # a listening socket per HTTP server: see project.reuse_port
         return super()._start_server(port, num_uvicorn_servers, log_level, sockets, uvicorn_worker_type, **kwargs)
+
+    def launch_inference_worker(self, lit_api: ls.LitAPI) -> list:
+        # Spawned with SIGINT ignored, which stays ignored across exec (Python then installs no KeyboardInterrupt
+        # handler): a Ctrl-C reaches the whole process group, and the main process stops the workers with SIGTERM.
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            return super().launch_inference_worker(lit_api)
+        finally:
+            signal.signal(signal.SIGINT, previous)
 
     def _init_manager(self, num_api_servers: int) -> Any:
         if not self.use_zmq:
@@ -361,7 +384,7 @@ def serve(args: argparse.Namespace) -> None:
         f"(max_batch_size {args.max_batch_size}, batch_timeout {args.batch_timeout} s, {args.workers} worker(s)).",
         flush=True,
     )
-    stop_on_sigterm()
+    stop_on_signals()
     # The HTTP servers fork from this process with its ~485k objects (torch, Lightning, FastAPI), and Python's
     # full collection walks all of them: 220-280 ms with the event loop stopped, twice in 10 s under load, so
     # every request in flight waited that long (p99 260 -> 125 ms at concurrency 64, p50 unchanged). Frozen, a
@@ -375,6 +398,8 @@ def serve(args: argparse.Namespace) -> None:
             log_level=args.log_level,
             generate_client_file=False,  # it would write client.py into the user's working directory
         )
+    except KeyboardInterrupt:  # a signal before LitServe's own handling of it (the workers still loading)
+        pass  # stopped all the same, below: no traceback
     finally:
         # What LitServe's shutdown missed (e.g. a signal while the workers were still loading): stop it here,
         # or multiprocessing would wait for it at exit.

@@ -268,3 +268,51 @@ def test_a_default_fit_prints_only_what_the_user_needs(run_cli, lightning_log, r
     for noise in ("💡 Tip", "GPU available: False", "TPU available: False"):
         assert noise not in printed, noise
     assert not [w for w in recwarn if "LeafSpec" in str(w.message) or "many workers" in str(w.message)]
+
+
+needs_no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="about a machine without a CUDA GPU")
+
+
+@needs_no_gpu
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        (
+            ["--config", "configs/16-mixed.yaml"],
+            "(set by configs/16-mixed.yaml) needs a CUDA GPU, and this machine has none",
+        ),
+        (["--config", "configs/ddp.yaml"], "Use instead: configs/ddp_cpu.yaml for several processes on this CPU"),
+        (["--trainer.accelerator", "gpu"], "trainer.accelerator='gpu' (set by the command line) needs a CUDA GPU"),
+        (["--trainer.accelerator", "mps"], "trainer.accelerator='mps' (set by the command line): not available on"),
+        (["--trainer.devices", "0"], "trainer.devices='0' (set by the command line): not available on this machine"),
+    ],
+)
+def test_a_trainer_option_this_machine_cannot_run_is_one_error_line_naming_it(
+    options, says, monkeypatch, capsys, tmp_path
+):
+    from project.cli import main
+
+    monkeypatch.chdir(ROOT)  # the overlays by their relative paths, as the README writes them
+    logs = f"--trainer.logger.init_args.save_dir={tmp_path / 'logs'}"
+    monkeypatch.setattr(sys, "argv", ["project", "fit", *options, logs])
+    with pytest.raises(SystemExit) as info:
+        main()
+    assert info.value.code == 1
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert says in lines[0] and "`python -m project env`" in lines[0]
+    assert not (tmp_path / "logs").exists()  # refused before any run folder was made
+
+
+@needs_no_gpu
+def test_project_traceback_shows_lightnings_own_error_for_a_trainer_option(monkeypatch):
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    from project.cli import main
+
+    monkeypatch.setenv("PROJECT_TRACEBACK", "1")
+    monkeypatch.setattr(sys, "argv", ["project", "fit", "--trainer.accelerator", "gpu", "--trainer.logger", "false"])
+    with pytest.raises(RuntimeError) as info:
+        main()
+    assert isinstance(info.value.__cause__, MisconfigurationException)

@@ -30,12 +30,18 @@ pytest.importorskip("litserve", reason="the serve extra is not installed: pip in
 pytestmark = pytest.mark.xdist_group("serve")
 
 
-def start_server(*args: str) -> tuple[subprocess.Popen, str]:
-    """Start `serve` with ``args`` on a free port; return the process and its URL once /health says ready."""
+def start_server(*args: str, sigint_ignored: bool = False) -> tuple[subprocess.Popen, str]:
+    """Start `serve` with ``args`` on a free port; return the process and its URL once /health says ready.
+
+    ``sigint_ignored``: start it as a shell starts a background job, with SIGINT ignored.
+    """
     port = free_port()
     cmd = [sys.executable, "-m", "project", "serve", "--port", str(port), "--threads", "1", *args]
+    ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None
     # Its own session: the test can stop the server's whole process tree if the test fails half-way.
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=ignore
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -366,7 +372,7 @@ def test_the_http_servers_fork_with_the_objects_frozen(trained_ckpt, monkeypatch
     import project.serve as serve
 
     frozen = []
-    monkeypatch.setattr(serve, "stop_on_sigterm", lambda: None)  # not this test process's SIGTERM handler
+    monkeypatch.setattr(serve, "stop_on_signals", lambda: None)  # not this test process's signal handlers
     monkeypatch.setattr(serve.DigitServer, "run", lambda self, **kwargs: frozen.append(gc.get_freeze_count()))
     try:
         serve.serve(serve.build_parser().parse_args(["--ckpt_path", str(trained_ckpt)]))
@@ -433,5 +439,28 @@ def test_onnx_model_gives_the_checkpoints_answers_and_sigterm_drains_and_stops_e
             time.sleep(0.2)
         assert not [pid for pid in children if alive(pid)], "processes of the server outlived it"
         assert b"Server stopped." in proc.stdout.read()
+    finally:
+        stop(proc)
+
+
+@pytest.mark.slow  # a server of its own per case: ~15 s each
+@pytest.mark.parametrize("sigint", ["default", "ignored"])
+def test_ctrl_c_to_the_process_group_stops_every_process_with_one_line_and_exit_0(trained_ckpt, sigint):
+    """A terminal's Ctrl-C (SIGINT to the whole group), or SIGINT to a background job's group (ignored there)."""
+    proc, url = start_server(f"--ckpt_path={trained_ckpt}", "--workers=1", sigint_ignored=sigint == "ignored")
+    try:
+        files = digit_files(2)
+        assert post_file(url, files[0][1], files[0][0])[0] == 200
+        children = descendants(proc.pid)
+        assert len(children) >= 3  # the HTTP servers and the inference worker at least
+        os.killpg(proc.pid, signal.SIGINT)  # the server leads its group (its own session), as in a terminal
+        assert proc.wait(timeout=30) == 0
+        out = proc.stdout.read().decode()
+        lines = out.strip().splitlines()
+        assert lines[0].startswith("Serving the torch model") and lines[1:] == ["Server stopped."], out
+        deadline = time.monotonic() + 10
+        while any(alive(pid) for pid in children) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [pid for pid in children if alive(pid)], "processes of the server outlived it"
     finally:
         stop(proc)

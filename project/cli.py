@@ -5,6 +5,7 @@ of its own with a ``main(argv)``. Nothing heavy is imported before the command i
 mistyped command answer at once instead of after seconds of torch and Lightning imports.
 """
 
+import argparse
 import difflib
 import gc
 import importlib
@@ -24,6 +25,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("serve", "an HTTP prediction server with dynamic batching (LitServe), for a checkpoint or ONNX file"),
     "env": ("env", "versions, devices, bf16/TF32 support and the precision picked on this machine"),
 }
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """``--help`` of the template's own commands: the module docstring as written, and each option's default."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        shown = action.default not in (None, argparse.SUPPRESS) and not action.required and action.option_strings
+        return f"{text} (default: %(default)s)" if shown and "%(default)" not in text else text
 
 
 def overview(prog: str) -> str:

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from project.checkpointing import CheckpointError, load_checkpoint
+from project.cli import HelpFormatter
 from project.data import MNISTDataError, MNISTDataModule, load_split, normalize, trained_on
 from project.hardware import cpu_has_vnni
 from project.module import MNISTClassifier
@@ -396,7 +397,7 @@ def compare_accuracy(fp32: Path, int8: Path, data: tuple[Tensor, Tensor] | None)
 def build_parser() -> argparse.ArgumentParser:
     """The command's options (also what the README test parses its documented commands with)."""
     parser = argparse.ArgumentParser(
-        prog="python -m project export", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m project export", description=__doc__, formatter_class=HelpFormatter
     )
     parser.add_argument("--ckpt_path", required=True, help="checkpoint written by fit")
     parser.add_argument("--format", choices=FORMATS, required=True, help="what to write")

@@ -59,6 +59,10 @@ class ImageFolderDataModule(L.LightningDataModule):
             ``max_memory_mb``, else reads files per batch; ``True`` / ``False`` force either.
         max_memory_mb: The memory the decoded images may take on the in-memory path.
         augment: Random shifts and small rotations of training batches, on the device.
+        predict_dir: A folder of new images for ``predict`` (any of the files' formats and sizes), prepared as the
+            training images are: resized to ``image_size``, ``channels``, normalised with the checkpoint's mean and
+            std. Files that cannot be decoded are reported and skipped. Unset: ``predict`` runs on the validation
+            split.
     """
 
     def __init__(
@@ -73,6 +77,7 @@ class ImageFolderDataModule(L.LightningDataModule):
         in_memory: bool | Literal["auto"] = "auto",
         max_memory_mb: int = 2048,
         augment: bool = False,
+        predict_dir: str | None = None,
     ) -> None:
         super().__init__()
         if root is None:
@@ -91,6 +96,10 @@ class ImageFolderDataModule(L.LightningDataModule):
         self.mean = torch.zeros(channels)
         self.std = torch.ones(channels)
         self.skipped: list[tuple[Path, str]] = []
+        self.predict_dir = Path(predict_dir) if predict_dir is not None else None
+        # Set by setup("predict") with predict_dir: the image of each prediction, and the undecodable files.
+        self.predict_files: list[Path] = []
+        self.predict_failures: list[tuple[Path, str]] = []
 
     def _class_folders(self, folder: Path) -> list[Path]:
         if not folder.is_dir():
@@ -160,9 +169,31 @@ class ImageFolderDataModule(L.LightningDataModule):
         return n * self.channels * self.image_size**2 <= self.max_memory_mb * 2**20
 
     def setup(self, stage: str) -> None:
-        """List the files, split them with ``seed``, decode them (in memory) and measure the normalisation."""
-        if self.splits:  # fit, then test_after_fit: decode once
-            return
+        """List the files, split them with ``seed``, decode them (in memory) and measure the normalisation; for
+        ``predict`` with ``predict_dir``, decode those images too."""
+        if not self.splits:  # fit, then test_after_fit: decode once
+            self._setup_splits()
+        if stage == "predict" and self.predict_dir is not None and not self.predict_files:
+            self._load_predict_dir()
+
+    def _load_predict_dir(self) -> None:
+        """The images of ``predict_dir`` as the predict split, in file-name order (unlabelled)."""
+        if not self.predict_dir.is_dir():
+            raise FolderDataError(f"data.predict_dir: {self.predict_dir} is not a folder of images.")
+        images = []
+        for path in list_files(self.predict_dir):
+            try:
+                images.append(decode(path, self.image_size, self.channels))
+            except Exception as exc:  # PIL raises several types for truncated or foreign files
+                self.predict_failures.append((path, f"{type(exc).__name__}: {exc}"))
+                continue
+            self.predict_files.append(path)
+        if not images:
+            reasons = "; ".join(f"{path.name}: {why}" for path, why in self.predict_failures[:5]) or "it is empty"
+            raise FolderDataError(f"data.predict_dir: no image in {self.predict_dir} could be decoded ({reasons}).")
+        self.splits["predict"] = InMemoryDataset(torch.stack(images), None)  # (N, C, S, S) uint8
+
+    def _setup_splits(self) -> None:
         self.skipped = []
         folders = self._split_folders
         listed = {split: self._list(folder) for split, folder in folders.items()}
@@ -225,13 +256,13 @@ class ImageFolderDataModule(L.LightningDataModule):
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """uint8 (B, C, S, S) → normalised float on the batch's device; shifts/rotations when training with augment."""
-        x, y = batch
+        x, y = (batch, None) if isinstance(batch, Tensor) else batch  # predict_dir's images come without labels
         if x.dtype == torch.uint8:
             mean, std = self.mean.to(x.device).view(1, -1, 1, 1), self.std.to(x.device).view(1, -1, 1, 1)
             x = (x.float().div(255) - mean) / std
         if self.augment and self.trainer is not None and self.trainer.training:
             x = random_shift_rotate(x, background=float((-self.mean / self.std).mean()))
-        return x, y
+        return x if y is None else (x, y)
 
     def state_dict(self) -> dict[str, Any]:
         # In the checkpoint: evaluating it later normalises exactly as training did.

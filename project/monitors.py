@@ -7,6 +7,7 @@ import torch
 from lightning.pytorch.callbacks import ThroughputMonitor
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.profilers import PyTorchProfiler
+from lightning.pytorch.utilities import rank_zero_only
 from torch import Tensor
 
 
@@ -93,5 +94,19 @@ class StepProfiler(PyTorchProfiler):
     ) -> None:
         schedule = torch.profiler.schedule(wait=wait, warmup=warmup, active=active, repeat=repeat)
         super().__init__(
-            filename=filename, row_limit=row_limit, sort_by_key=sort_by_key, export_to_chrome=True, schedule=schedule
+            filename=filename,
+            row_limit=row_limit,
+            sort_by_key=sort_by_key,
+            export_to_chrome=True,
+            schedule=schedule,
+            # Lightning runs the validation steps on the same schedule: once they reach its warm-up, torch starts a
+            # new cycle and, by default, drops the events of the training cycle already recorded: an empty table
+            # (fit-profile.txt of 0 bytes) whenever validation has more than `wait` batches. Keep them.
+            acc_events=True,
         )
+
+    def summary(self) -> str:
+        text = super().summary()
+        if text and rank_zero_only.rank == 0:  # to fit-profile.txt, and the console: what a profiled run is for
+            print(text, flush=True)
+        return text

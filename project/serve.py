@@ -34,6 +34,7 @@ import numpy as np
 from fastapi import Depends, HTTPException, Request
 from starlette.requests import ClientDisconnect
 
+from project.cli import HelpFormatter
 from project.images import BlankImage, ImageTooLarge, prepare_image
 
 try:
@@ -411,9 +412,7 @@ def serve(args: argparse.Namespace) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command's options (also what the README test parses its documented commands with)."""
-    parser = argparse.ArgumentParser(
-        prog="python -m project serve", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(prog="python -m project serve", description=__doc__, formatter_class=HelpFormatter)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--ckpt_path", help="checkpoint written by fit (loaded with the safe loader)")
     source.add_argument("--model", help="ONNX file written by `python -m project export` (fp32 or int8)")

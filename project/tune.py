@@ -29,6 +29,8 @@ from typing import Any
 import lightning as L
 import yaml
 
+from project.cli import HelpFormatter
+
 try:
     import optuna
     import psutil
@@ -210,9 +212,7 @@ def storage_for(url: str | None, root: Path, study: str, heartbeat: int) -> Any:
 
 def build_parser() -> argparse.ArgumentParser:
     """tune's own options; everything else on the command line is a ``fit`` option."""
-    parser = argparse.ArgumentParser(
-        prog="python -m project tune", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(prog="python -m project tune", description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--search", required=True, help="YAML search space keyed by CLI keys (configs/search.yaml)")
     parser.add_argument("--trials", type=int, default=12, help="trials this study should have completed or pruned")
     parser.add_argument("--timeout", type=float, help="stop starting trials after this many seconds")

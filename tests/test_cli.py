@@ -316,3 +316,21 @@ def test_project_traceback_shows_lightnings_own_error_for_a_trainer_option(monke
     with pytest.raises(RuntimeError) as info:
         main()
     assert isinstance(info.value.__cause__, MisconfigurationException)
+
+
+@pytest.mark.parametrize(
+    ("command", "extra", "shown"),
+    [
+        ("serve", "litserve", "--port PORT           TCP port, 1024-65535 (default: 8000)"),
+        ("tune", "optuna", "(default: 12)"),
+        ("export", "onnx", "(default: 0.5)"),
+    ],
+)
+def test_our_own_commands_help_shows_the_defaults(command, extra, shown, capsys):
+    pytest.importorskip(extra, reason=f"the {command} extra is not installed")
+    with pytest.raises(SystemExit) as info:
+        cli_main([command, "--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert shown in (out if "  " in shown else " ".join(out.split())), out[-1500:]
+    assert "(default: None)" not in out  # required options and unset ones say nothing

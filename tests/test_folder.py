@@ -72,6 +72,55 @@ def test_fit_takes_the_classes_from_the_folders_and_predict_names_them(tmp_path)
     assert rows and all(r["pred_name"] == CLASSES[int(r["pred"])] for r in rows)
 
 
+def test_a_folder_model_predicts_new_images_with_its_class_names_into_its_run(tmp_path):
+    """predict --config configs/folder.yaml --data.root R --data.predict_dir D --ckpt_path CK: one row per file, the
+    checkpoint's class names and normalisation, the CSV in the checkpoint's run."""
+    import shutil
+
+    from project.folder import decode
+    from project.module import MNISTClassifier
+
+    root = write_classes(tmp_path / "my_data")
+    fit = cli_main(fit_args(root, tmp_path / "logs"))
+    ckpt = Path(fit.trainer.checkpoint_callback.best_model_path)
+    new = tmp_path / "new_images"
+    new.mkdir()
+    for name in CLASSES:  # two files of each class, under new names; one of them resized to another size
+        for i in (0, 1):
+            shutil.copy(
+                root / name / f"{i}.{'png' if i % 2 else 'jpg'}", new / f"{name}_{i}.{'png' if i % 2 else 'jpg'}"
+            )
+    Image.open(new / "dog_1.png").resize((97, 61)).save(new / "dog_1.png")
+    (new / "notes.txt").write_text("not an image")
+    predict = cli_main(
+        [
+            "predict",
+            "--config",
+            str(ROOT / "configs" / "folder.yaml"),
+            f"--data.root={root}",
+            f"--data.predict_dir={new}",
+            f"--trainer.logger.init_args.save_dir={tmp_path / 'logs'}",
+            f"--ckpt_path={ckpt}",
+        ]
+    )
+    out = Path(predict.trainer.log_dir) / "predictions.csv"
+    assert out == ckpt.parents[1] / "eval" / "predict_0" / "predictions.csv"
+    with out.open() as f:
+        rows = list(csv.DictReader(f))
+    decoded = [r for r in rows if r["pred"]]
+    assert [Path(r["path"]).name for r in decoded] == sorted(p.name for p in new.iterdir() if p.suffix != ".txt")
+    assert any(Path(r["path"]).name == "notes.txt" for r in rows if r not in decoded)  # named, not predicted
+    # Each answer is the checkpoint's model on the file prepared as in training, with the checkpoint's mean/std.
+    model = MNISTClassifier.load_from_checkpoint(ckpt, weights_only=True).eval()
+    state = torch.load(ckpt, weights_only=True)["ImageFolderDataModule"]
+    mean, std = torch.tensor(state["mean"]).view(1, -1, 1, 1), torch.tensor(state["std"]).view(1, -1, 1, 1)
+    x = torch.stack([decode(Path(r["path"]), 28, 1) for r in decoded]).float().div(255)
+    with torch.no_grad():
+        expected = model((x - mean) / std).argmax(dim=1).tolist()
+    assert [int(r["pred"]) for r in decoded] == expected
+    assert all(r["pred_name"] == CLASSES[int(r["pred"])] for r in decoded)
+
+
 def test_the_split_is_seeded_and_train_val_folders_are_used_as_given(tmp_path):
     root = write_classes(tmp_path / "a", per_class=10)
     one, two, other = (ImageFolderDataModule(root=str(root), seed=s) for s in (1, 1, 2))

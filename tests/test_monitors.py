@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from tests.conftest import ROOT, free_port
+from tests.conftest import ROOT, free_port, synthetic_digits, write_idx
 
 
 def events(folder: Path) -> EventAccumulator:
@@ -45,6 +45,37 @@ def test_profile_overlay_writes_a_trace_and_the_slowest_ops(run_cli):
     assert any(n.startswith("aten::conv") for n in names) and any(n.startswith("ProfilerStep#") for n in names)
     summary = (run / "fit-profile.txt").read_text()
     assert "Self CPU" in summary and "aten::" in summary
+
+
+def test_the_profile_recipe_as_shipped_writes_and_prints_the_slowest_ops(tmp_path, monkeypatch, capsys):
+    """configs/profile.yaml unchanged (batch 128, 40 steps, 5 validation batches): the training cycle's table survives
+    the validation steps, which Lightning runs on the same schedule, and is printed too."""
+    from project.cli import cli_main
+
+    raw = tmp_path / "data" / "MNIST" / "raw"  # enough digits for 40 batches of 128 and 5 of validation
+    raw.mkdir(parents=True)
+    for prefix, n, seed in (("train", 6000, 0), ("t10k", 100, 1)):
+        images, labels = synthetic_digits(n, seed)
+        write_idx(raw / f"{prefix}-images-idx3-ubyte", images)
+        write_idx(raw / f"{prefix}-labels-idx1-ubyte", labels)
+    monkeypatch.chdir(tmp_path)
+    cli = cli_main(
+        [
+            "fit",
+            "--config",
+            str(ROOT / "configs" / "profile.yaml"),
+            f"--data.data_dir={tmp_path / 'data'}",
+            "--data.val_size=640",
+            f"--trainer.logger.init_args.save_dir={tmp_path / 'logs'}",
+            "--trainer.enable_progress_bar=false",
+        ]
+    )
+    assert cli.datamodule.batch_size == 128 and cli.trainer.global_step == 40
+    assert cli.trainer.num_val_batches == [5]
+    summary = (Path(cli.trainer.log_dir) / "fit-profile.txt").read_text()
+    assert "Self CPU" in summary and "aten::conv" in summary and "ProfilerStep*" in summary
+    printed = capsys.readouterr()
+    assert "aten::conv" in printed.out + printed.err
 
 
 mlflow = pytest.importorskip("mlflow", reason="the track extra is not installed: pip install -e '.[track]'")

@@ -3,6 +3,7 @@
 import os
 import pickle
 import signal
+import socket
 import threading
 from pathlib import Path
 from typing import Any
@@ -145,5 +146,41 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
 
 def find_last_checkpoint(root: Path) -> Path | None:
     """The most recently written ``last.ckpt`` under ``root`` (e.g. ``logs/mnist``), or None."""
+    candidates = last_checkpoints(root)
+    return candidates[0] if candidates else None
+
+
+def last_checkpoints(root: Path) -> list[Path]:
+    """Every ``<run>/checkpoints/last.ckpt`` under ``root``, the most recently written first."""
     candidates = [p for p in root.glob("*/checkpoints/last.ckpt") if p.is_file()]
-    return max(candidates, key=lambda p: p.stat().st_mtime) if candidates else None
+    return sorted(candidates, key=lambda p: p.stat().st_mtime, reverse=True)
+
+
+def job_identity() -> str | None:
+    """Who launched this process as one job, the same in each of its processes and across its restarts.
+
+    SLURM's job ID (kept when the job is requeued), torchrun's ``--rdzv-id``, or, under torchrun with its default
+    run ID ("none") on one node, the torchrun agent on this host (the parent of every worker it restarts: its PID
+    and start time). None for a process started by hand, and on several nodes without ``--rdzv-id``.
+    """
+    if os.environ.get("SLURM_JOB_ID"):
+        return f"slurm:{os.environ['SLURM_JOB_ID']}"
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    if run_id and run_id != "none":
+        return f"torchrun:{run_id}"
+    if run_id == "none" and os.environ.get("LOCAL_WORLD_SIZE") == os.environ.get("WORLD_SIZE"):
+        agent = os.getppid()
+        try:  # field 22 of /proc/<pid>/stat: its start time, so that a reused PID is another agent
+            started = Path(f"/proc/{agent}/stat").read_text().rsplit(")", 1)[1].split()[19]
+        except (OSError, IndexError):
+            started = "?"
+        return f"torchrun-agent:{socket.gethostname()}:{agent}:{started}"
+    return None
+
+
+class JobIdentity(L.Callback):
+    """Record ``job_identity()`` in every checkpoint (``checkpoint["job"]``): ``--ckpt_path auto`` resumes only a
+    run of the same job, never an unrelated run that happens to be the newest in the same ``logs/``."""
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        checkpoint["job"] = job_identity()

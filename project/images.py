@@ -4,6 +4,7 @@ MNIST digits are white on black, size-normalised to fit a 20x20 box (aspect rati
 centre of mass in a 28x28 field. ``mnist_style`` applies the same steps to any image PIL can decode.
 """
 
+import re
 from pathlib import Path
 from typing import BinaryIO
 
@@ -66,7 +67,12 @@ def prepare_image(source: Path | BinaryIO, max_pixels: int | None = None) -> Ten
     except ImageTooLarge:
         raise
     except Image.DecompressionBombError as exc:
-        raise ImageTooLarge(f"image is too large to decode safely: {exc}") from exc
+        # PIL refuses a header of more than 2x its MAX_IMAGE_PIXELS inside Image.open, before the check above
+        # can run: the same message as that check's, not PIL's wording.
+        found = re.search(r"\((\d+) pixels\)", str(exc))
+        size = f"{int(found.group(1)):,} pixels" if found else "more pixels than PIL decodes safely"
+        limit = max_pixels if max_pixels is not None else 2 * (Image.MAX_IMAGE_PIXELS or 0)
+        raise ImageTooLarge(f"image is {size}, over the limit of {limit:,}") from exc
     except UnidentifiedImageError:
         raise ValueError("cannot decode: not in an image format PIL reads (PNG, JPEG, BMP, GIF, TIFF, WebP)") from None
     except Exception as exc:  # PIL raises several types for truncated or foreign files

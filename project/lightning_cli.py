@@ -25,7 +25,15 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from project.checkpointing import CheckpointError, SaveOnInterrupt, find_last_checkpoint, load_checkpoint
+from project.checkpointing import (
+    CheckpointError,
+    JobIdentity,
+    SaveOnInterrupt,
+    find_last_checkpoint,
+    job_identity,
+    last_checkpoints,
+    load_checkpoint,
+)
 from project.data import MNISTDataError
 from project.folder import FolderDataError
 from project.hardware import cpu_has_native_bf16, recommended_precision
@@ -211,7 +219,8 @@ class MNISTCLI(LightningCLI):
         self, *args: Any, argv: list[str] | None = None, callbacks: list[L.Callback] | None = None, **kwargs: Any
     ) -> None:
         self._argv = list(argv or [])
-        self._callbacks = list(callbacks or [])  # objects no config can describe (tune's pruning callback)
+        # Objects no config can describe: tune's pruning callback; the job's identity in every checkpoint.
+        self._callbacks = [*(callbacks or []), JobIdentity()]
         super().__init__(*args, **kwargs)
 
     def subcommands(self) -> dict[str, set[str]]:  # type: ignore[override]
@@ -266,11 +275,14 @@ class MNISTCLI(LightningCLI):
         run_root = None  # <save_dir>/<name> of the configured logger, where the runs are
         if logger is not None and logger.get("save_dir"):
             run_root = Path(logger.save_dir) / (logger.get("name") or "")
-        if ckpt in ("last", "auto"):
+        if ckpt == "auto":
+            found = self._last_checkpoint_of_this_job(run_root) if run_root is not None else None
+        elif ckpt == "last":
             found = find_last_checkpoint(run_root) if run_root is not None else None
+        if ckpt in ("last", "auto"):
             if found is None and ckpt == "auto":  # nothing to resume: a new run (a restarted worker finds this one)
                 config.ckpt_path = None
-                rank_zero_info(f"--ckpt_path auto: no last.ckpt under {run_root} to resume, starting a new run.")
+                rank_zero_info(f"--ckpt_path auto: no last.ckpt of this job under {run_root}: starting a new run.")
                 return
             if found is None:
                 raise CheckpointError(f"--ckpt_path last: no <run>/checkpoints/last.ckpt under {run_root} to resume.")
@@ -297,6 +309,24 @@ class MNISTCLI(LightningCLI):
             n += 1
         logger.save_dir, logger.name, logger.version = str(run), "eval", f"{subcommand}_{n}"
         rank_zero_info(f"Evaluating {path.name} of {run}: results in {run / 'eval' / f'{subcommand}_{n}'}.")
+
+    @staticmethod
+    def _last_checkpoint_of_this_job(run_root: Path) -> Path | None:
+        """The newest ``last.ckpt`` under ``run_root`` written by this job (``JobIdentity``): a restarted torchrun
+        worker or a requeued SLURM job resumes its own run, a new job starts a new one beside the others."""
+        job = job_identity()
+        for path in last_checkpoints(run_root):
+            try:
+                owner = load_checkpoint(str(path)).get("job")
+            except CheckpointError:
+                continue  # not this job's to resume either
+            if owner == job:
+                return path
+            rank_zero_info(
+                f"--ckpt_path auto: {path.parents[1].name} was written by "
+                f"{owner or 'a process started by hand'}, not by this job ({job or 'started by hand'}): left alone."
+            )
+        return None
 
     def _parse_ckpt_path(self) -> None:
         """Rebuild the model from the checkpoint's hyperparameters, and say which command-line model keys lose."""

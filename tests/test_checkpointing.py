@@ -151,6 +151,28 @@ def test_ckpt_path_auto_starts_a_run_then_resumes_it_in_the_same_folder(run_cli,
         run_cli("test", "--ckpt_path=auto")
 
 
+def test_ckpt_path_auto_of_a_torchrun_job_leaves_an_unrelated_run_alone(run_cli, tmp_path, monkeypatch, lightning_log):
+    """A newer run in the same logs/ from another job (here: an ordinary fit) is not resumed; a restart of the job
+    resumes its own run; another job (another run id) starts its own."""
+    unrelated = run_cli("fit", "--trainer.max_epochs=1")  # started by hand, no --ckpt_path
+    assert unrelated.trainer.global_step == 3
+    # What torchrun puts in its workers' environment (one node, the default run id "none").
+    for key, value in {"TORCHELASTIC_RUN_ID": "none", "LOCAL_WORLD_SIZE": "1", "WORLD_SIZE": "1"}.items():
+        monkeypatch.setenv(key, value)
+    job = run_cli("fit", "--ckpt_path=auto", "--trainer.max_epochs=1")
+    assert Path(job.trainer.log_dir).name == "version_1" and job.trainer.global_step == 3
+    assert any("version_0 was written by a process started by hand" in m for m in lightning_log)
+    assert torch.load(Path(job.trainer.log_dir) / "checkpoints" / "last.ckpt", weights_only=True)["job"].startswith(
+        "torchrun-agent:"
+    )
+    restarted = run_cli("fit", "--ckpt_path=auto", "--trainer.max_epochs=2")  # same agent: the same job
+    assert Path(restarted.trainer.log_dir).name == "version_1" and restarted.trainer.global_step == 6
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-b")  # torchrun --rdzv-id job-b: another job
+    other = run_cli("fit", "--ckpt_path=auto", "--trainer.max_epochs=1")
+    assert Path(other.trainer.log_dir).name == "version_2" and other.trainer.global_step == 3
+    assert sorted(p.name for p in (tmp_path / "logs" / "mnist").iterdir()) == ["version_0", "version_1", "version_2"]
+
+
 def test_kill_during_a_save_leaves_the_previous_checkpoint(tmp_path):
     path = tmp_path / "last.ckpt"
     AtomicCheckpointIO().save_checkpoint({"state_dict": {"w": torch.ones(3)}, "good": True}, path)

@@ -109,3 +109,25 @@ def test_predict_dir_from_the_cli_writes_paths_and_errors(run_cli, trained_ckpt,
     assert "label" not in rows[0]
     probs = np.array([[float(r[f"prob_{c}"]) for c in range(10)] for r in rows[:3]])
     assert np.allclose(probs.sum(axis=1), 1, atol=1e-4)
+
+
+def test_a_header_pil_itself_refuses_gets_the_same_message_as_max_pixels(tmp_path):
+    """A 20000x20000 PNG header: PIL raises in Image.open, before our check; the message is still ours."""
+    import io
+    import struct
+    import zlib
+
+    from project.images import ImageTooLarge, prepare_image
+
+    buffer = io.BytesIO()
+    Image.new("L", (1, 1)).save(buffer, "PNG")
+    png = bytearray(buffer.getvalue())
+    ihdr = 8 + 8  # signature, then the IHDR chunk's length and type: its data starts here
+    png[ihdr : ihdr + 8] = struct.pack(">II", 20000, 20000)
+    png[ihdr + 13 : ihdr + 17] = struct.pack(">I", zlib.crc32(bytes(png[ihdr - 4 : ihdr + 13])))
+    with pytest.raises(ImageTooLarge, match=r"^image is 400,000,000 pixels, over the limit of 25,000,000$"):
+        prepare_image(io.BytesIO(bytes(png)), max_pixels=25_000_000)
+    path = tmp_path / "bomb.png"
+    path.write_bytes(bytes(png))
+    with pytest.raises(ImageTooLarge, match=r"^image is 400,000,000 pixels, over the limit of 178,956,970$"):
+        prepare_image(path)  # predict_dir: PIL's own limit

@@ -99,14 +99,21 @@ class SaveOnInterrupt(L.Callback):
     """On SIGTERM or Ctrl-C during ``fit``, save ``last.ckpt`` in the run's checkpoint folder and say how to resume."""
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        if not isinstance(exception, (KeyboardInterrupt, SIGTERMException)):
+            return
+        what = "SIGTERM" if isinstance(exception, SIGTERMException) else "Ctrl-C"
+        # A live progress bar redraws itself once more when it stops, over the last lines written below it, and it
+        # may come after this callback: stop it first (RichProgressBar's on_exception; stopping twice is a no-op).
+        if trainer.progress_bar_callback is not None:
+            trainer.progress_bar_callback.on_exception(trainer, pl_module, exception)
         # During fit, also while it validates (trainer.training is False then): a Ctrl-C lands there often.
-        if not isinstance(exception, (KeyboardInterrupt, SIGTERMException)) or trainer.state.fn != TrainerFn.FITTING:
+        if trainer.state.fn != TrainerFn.FITTING:  # test_after_fit, validate, test, predict: nothing to resume
+            rank_zero_info(f"\n{what}: stopped while running {trainer.state.fn.value}; nothing was saved.")
             return
         callback = trainer.checkpoint_callback
         folder = Path(callback.dirpath) if callback and callback.dirpath else Path(trainer.default_root_dir)
         path = folder / "last.ckpt"
         trainer.save_checkpoint(path)
-        what = "SIGTERM" if isinstance(exception, SIGTERMException) else "Ctrl-C"
         rank_zero_info(
             f"\n{what}: stopped at epoch {trainer.current_epoch}, global step {trainer.global_step}. "
             f"Checkpoint saved to {path}.\nResume with: python -m project fit <same --config options> --ckpt_path last"

@@ -5,7 +5,9 @@ so ``fit``, ``fit --config configs/best.yaml`` and ``fit --config configs/defaul
 resolve to the same run, and ``--help`` shows the defaults that really apply.
 """
 
+import difflib
 import importlib
+import inspect
 import json
 import logging
 import os
@@ -205,6 +207,46 @@ def explain_trainer_error(exc: BaseException, trainer: dict[str, Any], argv: lis
         f"trainer.{k}={trainer.get(k)!r}" + (f" (set by {sources[k]})" if sources[k] else "") for k in named
     )
     return f"{options}: not available on this machine: {message} (`python -m project env` says what it has)."
+
+
+# jsonargparse's error for an argument a class_path's class does not take (its wording in 4.53).
+NOT_ACCEPTED = re.compile(
+    r'Parser key "(?P<key>[^"]+)":.*?given class_path \'(?P<class_path>[^\']+)\':'
+    r"\s+Option '(?P<name>[^']+)' is not accepted",
+    re.S,
+)
+
+
+class SuggestingParser(LightningArgumentParser):
+    """LightningCLI's parser, whose "unrecognized arguments" error names the closest options that exist."""
+
+    def error(self, message: str, ex: Exception | None = None) -> Any:
+        # A misspelt argument of a class given by class_path (--data.batch_sise) is a 10-line Union error.
+        found = NOT_ACCEPTED.search(message)
+        if found:
+            key, class_path, name = found.group("key", "class_path", "name")
+            module, _, attr = class_path.rpartition(".")
+            params = [
+                p.name
+                for p in inspect.signature(getattr(importlib.import_module(module), attr)).parameters.values()
+                if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+            ]
+            close = difflib.get_close_matches(name, params, n=2, cutoff=0.6)
+            hint = f" Did you mean {' or '.join(f'--{key}.{c}' for c in close)}?" if close else ""
+            listed = ", ".join(params)
+            message = f"--{key}.{name}: {class_path} has no argument {name!r}.{hint} Its arguments: {listed}."
+        elif message.startswith("unrecognized arguments:"):
+            parser = getattr(ex, "subcommand_parser", None) or self
+            known = [o for o in parser._option_string_actions if o.startswith("--")]
+            hints = []
+            for token in message.split(":", 1)[1].split():
+                option = token.split("=", 1)[0]
+                close = difflib.get_close_matches(option, known, n=2, cutoff=0.75) if option.startswith("--") else []
+                if close:
+                    hints.append(f"{option}: did you mean {' or '.join(close)}?")
+            if hints:
+                message = f"{message}\n" + "\n".join(hints)
+        return super().error(message, ex)
 
 
 class MNISTCLI(LightningCLI):
@@ -475,6 +517,7 @@ def run(
             callbacks=callbacks,
             run=subcommand,
             save_config_callback=KeepingSaveConfigCallback,
+            parser_class=SuggestingParser,
             auto_configure_optimizers=False,  # one place for the optimizer: model.optimizer / model.scheduler
             parser_kwargs=parser_kwargs,
         )

@@ -7,10 +7,12 @@ prepared images, waiting at most ``--batch_timeout`` seconds for the batch to fi
 batch).
 
 Routes: ``POST /predict`` (multipart ``file``, JSON ``{"image": "<base64>"}`` or the raw image bytes),
-``GET /health`` (200 once the model is loaded) and ``GET /info`` (the model, checkpoint and classes served).
+``GET /health`` (200 while an inference worker answers: its model loaded, its heartbeat fresh) and ``GET /info``
+(the model, checkpoint and classes served).
 Images are prepared by ``project/images.py``, the code ``predict --data.predict_dir`` runs, so a file gets the same
 answer from both. SIGTERM (``docker stop``, systemd, Kubernetes) and SIGINT (Ctrl-C, which the terminal sends to every
 process of the group) stop accepting, answer what is in flight and exit 0; only the main process acts on them.
+Should the main process die without that (SIGKILL), every other one dies with it (``project.lifetime``).
 """
 
 import argparse
@@ -36,6 +38,7 @@ from starlette.requests import ClientDisconnect
 
 from project.cli import HelpFormatter
 from project.images import BlankImage, ImageTooLarge, prepare_image
+from project.lifetime import AnswerWithin, Heartbeat, end_with_parent, forks_end_with_this_process
 
 try:
     import litserve as ls
@@ -223,8 +226,11 @@ class DigitAPI(ls.LitAPI):
     ):
         super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout)
         self.served, self.threads, self.nice = served, threads, nice
+        self.main_pid = os.getpid()  # made in the main process; setup runs in the inference worker
+        self.heartbeat = Heartbeat()
 
     def setup(self, device: str) -> None:
+        end_with_parent(self.main_pid)
         # When the worker and the HTTP servers want the same cores, the one the kernel runs first decides where
         # requests wait. Run the HTTP servers first and they wait in the worker's queue, first come first served,
         # and go through in fuller batches; run the worker first and they wait in the HTTP servers' event loops,
@@ -233,6 +239,11 @@ class DigitAPI(ls.LitAPI):
         os.nice(self.nice)
         self.predict_probs = load_predictor(self.served, device, self.threads)
         gc.freeze()  # what the imports and the model made, out of the collector's sight: see serve() below
+        self.heartbeat.start()
+
+    def health(self) -> bool:
+        # Run by /health in the HTTP server: 503 once no inference worker has beaten for 3 s (stopped, hung, gone).
+        return self.heartbeat.alive()
 
     # The annotation makes FastAPI run read_image_request in the HTTP server: decoding and validation happen
     # there, per request, so only good images are queued and batched.
@@ -378,6 +389,7 @@ def serve(args: argparse.Namespace) -> None:
         },
     )
     server.app.state.limits = {"max_body_bytes": max_body_bytes, "max_pixels": args.max_pixels}
+    server.app.add_middleware(AnswerWithin, seconds=args.timeout)
     server.uvicorn_graceful_timeout = args.grace  # how long SIGTERM waits for requests in flight
     what = f"{served['kind']} model {served['path']}"
     print(
@@ -386,6 +398,7 @@ def serve(args: argparse.Namespace) -> None:
         flush=True,
     )
     stop_on_signals()
+    forks_end_with_this_process()  # the HTTP servers and LitServe's Manager: no orphans if this process is killed
     # The HTTP servers fork from this process with its ~485k objects (torch, Lightning, FastAPI), and Python's
     # full collection walks all of them: 220-280 ms with the event loop stopped, twice in 10 s under load, so
     # every request in flight waited that long (p99 260 -> 125 ms at concurrency 64, p50 unchanged). Frozen, a
@@ -462,6 +475,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--max_batch_size, --workers, --threads and --api_servers must be >= 1, --batch_timeout >= 0")
     if not 0 <= args.worker_nice <= 19:  # below 0 needs root; 19 is the lowest priority
         parser.error(f"--worker_nice must be 0-19, got {args.worker_nice}")
+    if args.timeout <= 0:
+        parser.error(f"--timeout must be > 0 seconds, got {args.timeout:g}")
     if not 1024 <= args.port <= 65535:
         parser.error(f"--port must be 1024-65535, got {args.port}")
     try:

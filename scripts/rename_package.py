@@ -33,6 +33,7 @@ def rewrite(text: str, old: str, new: str, pyproject: bool = False) -> str:
     if pyproject:  # [project] and [project.*] are PEP 621 tables, not the package
         text = re.sub(rf'^name = "{o}"$', f'name = "{new}"', text, flags=re.M)
         text = re.sub(rf'^{o} = "{o}\.', f'{new} = "{new}.', text, flags=re.M)
+        text = re.sub(rf"(?<!\w)-m {o}\b", f"-m {new}", text)  # the comments naming the commands
         return text.replace(f'include = ["{old}*"]', f'include = ["{new}*"]')
     rules = [
         (rf"\bfrom {o}\b", f"from {new}"),

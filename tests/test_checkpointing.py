@@ -310,3 +310,51 @@ def test_ctrl_c_during_validation_saves_last_too(run_cli, tmp_path, lightning_lo
     saved = list((tmp_path / "logs").rglob("last.ckpt"))
     assert len(saved) == 1 and load_checkpoint(saved[0])["global_step"] == 3
     assert any("Ctrl-C: stopped at epoch 0" in m for m in lightning_log)
+
+
+class InterruptInTraining(L.Callback):
+    """Ctrl-C at the third training step; records whether the progress bar was still live when each line was logged."""
+
+    bar_live_at: dict[str, bool] = {}  # noqa: RUF012 (one test reads it back)
+
+    def on_train_batch_start(self, trainer: L.Trainer, *args) -> None:
+        if trainer.global_step == 2:
+            raise KeyboardInterrupt
+
+
+class RememberTrainer(L.Callback):
+    seen: list[L.Trainer] = []  # noqa: RUF012 (one test reads it back)
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        RememberTrainer.seen.append(trainer)
+
+
+def test_ctrl_c_says_how_to_resume_after_the_progress_bar_stops(run_cli, tmp_path):
+    """A live progress bar's last redraw covered the "Resume with" line in a terminal."""
+    import logging
+
+    from lightning.pytorch.callbacks import RichProgressBar
+
+    trainers = RememberTrainer.seen = []
+
+    class Watch(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            bar = trainers[0].progress_bar_callback if trainers else None
+            if "Resume with" in record.getMessage() and isinstance(bar, RichProgressBar):
+                InterruptInTraining.bar_live_at["resume"] = bar.progress is not None and bar.progress.live.is_started
+
+    InterruptInTraining.bar_live_at = {}
+    logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    handler = Watch(level=logging.INFO)
+    logger.addHandler(handler)
+    try:
+        with pytest.raises(SystemExit):  # default.yaml's order: SaveOnInterrupt before RichProgressBar
+            run_cli(
+                "fit",
+                "--trainer.callbacks+=tests.test_checkpointing.InterruptInTraining",
+                "--trainer.callbacks+=tests.test_checkpointing.RememberTrainer",
+            )
+    finally:
+        logger.removeHandler(handler)
+    assert isinstance(trainers[0].progress_bar_callback, RichProgressBar)
+    assert InterruptInTraining.bar_live_at == {"resume": False}

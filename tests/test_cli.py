@@ -334,3 +334,17 @@ def test_our_own_commands_help_shows_the_defaults(command, extra, shown, capsys)
     out = capsys.readouterr().out
     assert shown in (out if "  " in shown else " ".join(out.split())), out[-1500:]
     assert "(default: None)" not in out  # required options and unset ones say nothing
+
+
+def test_a_misspelt_option_gets_the_closest_real_ones(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli_main(["fit", "--trainer.max_epocs=2"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2
+    assert "--trainer.max_epocs: did you mean --trainer.max_epochs" in err, err[-800:]
+    with pytest.raises(SystemExit) as exit_:  # an argument of the DataModule's class_path: not a 10-line Union error
+        cli_main(["fit", "--data.batch_sise", "64"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "Union" not in err
+    assert "--data.batch_sise: project.data.MNISTDataModule has no argument 'batch_sise'." in err, err[-800:]
+    assert "Did you mean --data.batch_size?" in err

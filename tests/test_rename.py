@@ -24,7 +24,9 @@ def test_rename_on_a_copy(tmp_path, monkeypatch, capsys):
     assert (tmp_path / "digits" / "net.py").is_file() and not (tmp_path / "project").exists()
     pyproject = (tmp_path / "pyproject.toml").read_text()
     assert 'name = "digits"' in pyproject and 'digits = "digits.cli:main"' in pyproject and "[project]" in pyproject
-    for path in [*tmp_path.rglob("*.py"), *tmp_path.rglob("*.yaml"), *tmp_path.rglob("*.ipynb")]:
+    texts = [*tmp_path.rglob("*.py"), *tmp_path.rglob("*.yaml"), *tmp_path.rglob("*.ipynb")]
+    texts.append(tmp_path / "pyproject.toml")
+    for path in texts:
         if path.name == "rename_package.py":
             continue
         text = path.read_text()

@@ -7,9 +7,11 @@ import io
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -302,6 +304,7 @@ def test_an_unsafe_checkpoint_is_refused_before_anything_starts(tmp_path, monkey
         ("--port=80", "--port must be 1024-65535, got 80"),
         ("--max_batch_size=0", "--max_batch_size, --workers, --threads and --api_servers must be >= 1"),
         ("--batch_timeout=-0.5", "--batch_timeout >= 0"),
+        ("--timeout=0", "--timeout must be > 0 seconds, got 0"),
     ],
 )
 def test_an_option_out_of_range_is_refused_by_name_before_anything_starts(tmp_path, capsys, option, message):
@@ -462,5 +465,52 @@ def test_ctrl_c_to_the_process_group_stops_every_process_with_one_line_and_exit_
         while any(alive(pid) for pid in children) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert not [pid for pid in children if alive(pid)], "processes of the server outlived it"
+    finally:
+        stop(proc)
+
+
+def status_of(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+@pytest.mark.slow  # a server of its own: ~20 s
+def test_a_stuck_worker_fails_health_and_times_out_requests_and_sigkill_of_main_leaves_no_process(trained_ckpt):
+    proc, url = start_server(f"--ckpt_path={trained_ckpt}", "--workers=1", "--timeout=2")
+    port = int(url.rsplit(":", 1)[1])
+    try:
+        children = descendants(proc.pid)
+        assert len(children) >= 3  # the HTTP servers, the Manager and the inference worker at least
+        cmdline = {pid: Path(f"/proc/{pid}/cmdline").read_bytes() for pid in children}
+        (worker,) = [pid for pid in children if b"spawn_main" in cmdline[pid]]
+        name, data = digit_files(1)[0]
+        os.kill(worker, signal.SIGSTOP)  # a worker that no longer answers, as a hung or swapped-out one
+        try:
+            start = time.monotonic()
+            status, answer = post_file(url, data, name)
+            assert status == 504 and "--timeout 2" in answer["detail"], answer
+            assert 1.9 < time.monotonic() - start < 10
+            deadline = time.monotonic() + 10
+            while status_of(f"{url}/health") == 200 and time.monotonic() < deadline:
+                time.sleep(0.3)
+            assert status_of(f"{url}/health") == 503
+        finally:
+            os.kill(worker, signal.SIGCONT)
+        deadline = time.monotonic() + 10
+        while status_of(f"{url}/health") != 200 and time.monotonic() < deadline:
+            time.sleep(0.3)
+        assert status_of(f"{url}/health") == 200 and post_file(url, data, name)[0] == 200  # answering again
+
+        proc.kill()  # SIGKILL: no shutdown runs in the main process
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while any(alive(pid) for pid in children) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [pid for pid in children if alive(pid)], "processes of the server outlived its main process"
+        with pytest.raises(ConnectionRefusedError):  # the port is free: nobody listens on it
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
     finally:
         stop(proc)

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from project.data import MNISTDataModule, normalize
-from project.export import export
+from project.export.convert import export
 from project.hardware import cpu_has_native_bf16
 from project.module import MNISTClassifier
 

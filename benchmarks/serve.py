@@ -130,7 +130,7 @@ def csv_predictions(ckpt: Path, folder: Path) -> dict[int, int]:
 def onnx_predictions(model: Path, folder: Path) -> dict[int, int]:
     """The ONNX model's predictions of the PNG files, prepared as `serve` and `predict` prepare them."""
     from project.data import normalize
-    from project.export import run_onnx
+    from project.export.convert import run_onnx
     from project.images import load_folder
 
     files, images, _ = load_folder(folder)
@@ -358,7 +358,7 @@ def main(argv: list[str] | None = None) -> str:
     if args.quick:
         args.rounds, args.requests, args.warmup, args.digits = 1, 100, 20, 200
 
-    from project.export import export
+    from project.export.convert import export
 
     with tempfile.TemporaryDirectory(prefix="serve-bench-") as tmp:
         work = Path(tmp)

@@ -1,8 +1,10 @@
 """The command line: ``python -m project <command>``, one hop from the command to the code that runs it.
 
-fit, validate, test and predict go to LightningCLI (``project/lightning_cli.py``); every other command is a module
-of its own with a ``main(argv)``. Nothing heavy is imported before the command is known, so ``--help`` and a
-mistyped command answer at once instead of after seconds of torch and Lightning imports.
+The core commands are fit, validate, test and predict (LightningCLI, ``project/lightning_cli.py``) and env. Every
+other command is a feature: a subpackage of ``project/`` with a ``main(argv)`` in its ``__init__.py``, named after
+the folder and described by its docstring's first line. Remove the folder and the command is gone; add one and it
+is listed. Nothing heavy is imported before the command is known, so ``--help`` and a mistyped command answer at
+once instead of after seconds of torch and Lightning imports.
 """
 
 import argparse
@@ -11,20 +13,33 @@ import gc
 import importlib
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-# command -> (module in this package, one line for the overview). The LightningCLI commands share one module.
-COMMANDS: dict[str, tuple[str, str]] = {
-    "fit": ("lightning_cli", "train (the default recipe, configs/default.yaml, unless --config says otherwise)"),
-    "validate": ("lightning_cli", "run the validation split on a checkpoint"),
-    "test": ("lightning_cli", "run the test split on a checkpoint"),
-    "predict": ("lightning_cli", "write predictions (CSV) for a split or a folder of your own images"),
-    "export": ("export", "a checkpoint to ONNX (fp32 or int8), torch.export .pt2 or a state dict, verified"),
-    "tune": ("tune", "hyperparameter search on Optuna: pruning, resumable studies, one machine or many"),
-    "serve": ("serve", "an HTTP prediction server with dynamic batching (LitServe), for a checkpoint or ONNX file"),
-    "env": ("env", "versions, devices, bf16/TF32 support and the precision picked on this machine"),
+# The core's commands: command -> (module in this package, one line for the overview).
+CORE_COMMANDS: dict[str, tuple[str, str]] = {
+    "fit": ("lightning_cli", "Train (the default recipe, configs/default.yaml, unless --config says otherwise)"),
+    "validate": ("lightning_cli", "Run the validation split on a checkpoint"),
+    "test": ("lightning_cli", "Run the test split on a checkpoint"),
+    "predict": ("lightning_cli", "Write predictions (CSV) for a split or a folder of your own images"),
+    "env": ("env", "Versions, devices, bf16/TF32 support and the precision picked on this machine"),
 }
+
+
+def feature_commands() -> dict[str, tuple[str, str]]:
+    """The commands of the features present: each subpackage whose ``__init__.py`` has a ``main``."""
+    found = {}
+    for init in sorted(Path(__file__).parent.glob("*/__init__.py")):
+        module = importlib.import_module(f"{__package__}.{init.parent.name}")  # the __init__ only: no heavy import
+        if callable(getattr(module, "main", None)):
+            found[init.parent.name] = (init.parent.name, (module.__doc__ or "").strip().split("\n")[0].rstrip("."))
+    return found
+
+
+def commands() -> dict[str, tuple[str, str]]:
+    """Every command: the core's, then the features'."""
+    return {**CORE_COMMANDS, **feature_commands()}
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -36,11 +51,11 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return f"{text} (default: %(default)s)" if shown and "%(default)" not in text else text
 
 
-def overview(prog: str) -> str:
+def overview(prog: str, listed: dict[str, tuple[str, str]]) -> str:
     """The list of commands that ``python -m project`` and ``--help`` print."""
-    width = max(map(len, COMMANDS))
+    width = max(map(len, listed))
     lines = [f"usage: {prog} <command> [options]", "", "commands:"]
-    lines += [f"  {name:<{width}}  {summary}" for name, (_, summary) in COMMANDS.items()]
+    lines += [f"  {name:<{width}}  {summary}" for name, (_, summary) in listed.items()]
     lines += ["", f"`{prog} <command> --help` lists a command's options, e.g. `{prog} fit --help`."]
     return "\n".join(lines)
 
@@ -60,19 +75,21 @@ def cli_main(args: list[str] | None = None) -> Any:
     """
     argv = sys.argv[1:] if args is None else list(args)
     prog = prog_name()
+    listed = commands()
     if not argv or argv[0] in ("-h", "--help"):
-        print(overview(prog))
+        print(overview(prog, listed))
         raise SystemExit(0 if argv else 2)
     command = argv[0]
-    if command not in COMMANDS:
-        close = difflib.get_close_matches(command, COMMANDS, n=1)
+    if command not in listed:
+        close = difflib.get_close_matches(command, listed, n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
-        print(f"{overview(prog)}\n\n{prog}: error: unknown command {command!r}.{hint}", file=sys.stderr)
+        print(f"{overview(prog, listed)}\n\n{prog}: error: unknown command {command!r}.{hint}", file=sys.stderr)
         raise SystemExit(2)
-    module = importlib.import_module(f"{__package__}.{COMMANDS[command][0]}")
+    module = importlib.import_module(f"{__package__}.{listed[command][0]}")
     if module.__name__.endswith(".lightning_cli"):
         return module.run(argv, prog=prog)
-    return module.main(argv[1:])
+    run: Callable[[list[str]], Any] = module.main
+    return run(argv[1:])
 
 
 def skip_teardown() -> None:

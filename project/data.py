@@ -54,7 +54,14 @@ def how_to_provide(folder: str = "MNIST") -> str:
     )
 
 
-class MNISTDataError(RuntimeError):
+class DataError(RuntimeError):
+    """Data a DataModule cannot use, named with the remedy: the console prints it as one line, no traceback.
+
+    Raise it (or a subclass) from a DataModule of your own for the same treatment.
+    """
+
+
+class MNISTDataError(DataError):
     """The MNIST files are missing, cannot be downloaded, or are malformed."""
 
 

@@ -36,8 +36,7 @@ from project.checkpointing import (
     last_checkpoints,
     load_checkpoint,
 )
-from project.data import MNISTDataError
-from project.folder import FolderDataError
+from project.data import DataError
 from project.hardware import cpu_has_native_bf16, recommended_precision
 from project.module import MNISTClassifier
 from project.visuals import TensorBoardImages
@@ -52,7 +51,7 @@ class TrainerConfigError(RuntimeError):
 
 
 # Errors that name the file, key or value and the remedy: the console script prints them without a traceback.
-USER_ERRORS = (MNISTDataError, FolderDataError, CheckpointError, FloatingPointError, TrainerConfigError)
+USER_ERRORS = (DataError, CheckpointError, FloatingPointError, TrainerConfigError)
 # The Trainer options that pick the hardware, in the order an error message names them.
 HARDWARE_KEYS = ("accelerator", "devices", "strategy", "precision", "num_nodes")
 # A Trainer feature that can be switched off, and the configured callbacks that cannot work without it.

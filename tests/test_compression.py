@@ -5,7 +5,7 @@ import itertools
 import pytest
 import torch
 
-from project.compression import GradualPruning
+from project.export.compression import GradualPruning
 from project.module import MNISTClassifier
 from tests.conftest import ROOT
 

@@ -107,7 +107,7 @@ def test_static_int8_quantizes_the_convolutions_and_agrees_with_fp32(
 ):
     import onnxruntime as ort
 
-    from project.export import run_onnx, test_images
+    from project.export.convert import run_onnx, test_images
 
     out = tmp_path / "static.onnx"
     report = export(
@@ -138,7 +138,7 @@ def test_flatten_channels_last_keeps_the_logits(onnx_export, mnist_dir, tmp_path
     import onnx
     from onnxruntime.quantization import quant_pre_process
 
-    from project.export import flatten_channels_last, run_onnx, test_images
+    from project.export.convert import flatten_channels_last, run_onnx, test_images
 
     rewritten = tmp_path / "nhwc.onnx"
     quant_pre_process(str(onnx_export[0]), str(rewritten), skip_symbolic_shape=True)  # with the shapes it reads
@@ -156,7 +156,7 @@ def test_all_layers_quantizes_the_first_convolution_too(checkpoint, mnist_dir, t
 
 def test_calibration_reads_training_images_only(mnist_dir):
     from project.data import load_split, normalize
-    from project.export import calibration_set
+    from project.export.convert import calibration_set
 
     images = calibration_set(str(mnist_dir), "mnist", 50)
     train, _ = load_split(mnist_dir / "MNIST" / "raw", "train")

@@ -8,7 +8,7 @@ import torch
 from PIL import Image
 
 from project.cli import cli_main
-from project.folder import FileDataset, FolderDataError, ImageFolderDataModule
+from project.folder.data import FileDataset, FolderDataError, ImageFolderDataModule
 from tests.conftest import ROOT, synthetic_digits
 
 CLASSES = ["cat", "dog", "emu"]
@@ -77,7 +77,7 @@ def test_a_folder_model_predicts_new_images_with_its_class_names_into_its_run(tm
     checkpoint's class names and normalisation, the CSV in the checkpoint's run."""
     import shutil
 
-    from project.folder import decode
+    from project.folder.data import decode
     from project.module import MNISTClassifier
 
     root = write_classes(tmp_path / "my_data")

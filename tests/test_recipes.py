@@ -23,7 +23,7 @@ def recipes():
 
 def test_the_folder_recipe_reads_back_the_test_digits_with_their_labels(recipes, mnist_dir, tmp_path):
     from project.data import MNISTDataModule
-    from project.folder import ImageFolderDataModule
+    from project.folder.data import ImageFolderDataModule
 
     recipes.write_folders(str(mnist_dir), tmp_path / "digits")
     mnist = MNISTDataModule(data_dir=str(mnist_dir))

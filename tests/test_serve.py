@@ -285,7 +285,7 @@ def test_each_http_server_listens_on_a_socket_of_its_own_and_connections_reach_b
 
 
 def test_an_unsafe_checkpoint_is_refused_before_anything_starts(tmp_path, monkeypatch, capsys):
-    from project.serve import main
+    from project.serve.server import main
 
     monkeypatch.chdir(tmp_path)
     evil = tmp_path / "evil.ckpt"
@@ -308,7 +308,7 @@ def test_an_unsafe_checkpoint_is_refused_before_anything_starts(tmp_path, monkey
     ],
 )
 def test_an_option_out_of_range_is_refused_by_name_before_anything_starts(tmp_path, capsys, option, message):
-    from project.serve import main
+    from project.serve.server import main
 
     with pytest.raises(SystemExit) as exit_:
         main([f"--ckpt_path={tmp_path / 'never-read.ckpt'}", option])  # refused before the checkpoint is read
@@ -321,8 +321,8 @@ def test_fast_queue_keeps_requests_and_answers_out_of_the_manager_and_loses_no_f
     import multiprocessing.queues
     import pickle
 
-    from project.serve import DigitAPI, DigitServer
-    from project.zmq_answers import ZMQAnswers
+    from project.serve.server import DigitAPI, DigitServer
+    from project.serve.zmq_answers import ZMQAnswers
 
     server = DigitServer(DigitAPI({}), fast_queue=True)
     manager = server._init_manager(2)
@@ -360,7 +360,7 @@ def test_no_thread_hop_per_request_and_an_api_key_is_still_checked(monkeypatch):
 
     import litserve.server
 
-    from project.serve import DigitAPI, DigitServer
+    from project.serve.server import DigitAPI, DigitServer
 
     server = DigitServer(DigitAPI({}))
     assert inspect.iscoroutinefunction(server.setup_auth())  # FastAPI runs it in the event loop, not a thread pool
@@ -372,7 +372,7 @@ def test_the_http_servers_fork_with_the_objects_frozen(trained_ckpt, monkeypatch
     """A full collection over torch's objects stopped each HTTP server's event loop for ~250 ms (the p99 tail)."""
     import gc
 
-    import project.serve as serve
+    import project.serve.server as serve
 
     frozen = []
     monkeypatch.setattr(serve, "stop_on_signals", lambda: None)  # not this test process's signal handlers
@@ -409,7 +409,7 @@ def alive(pid: int) -> bool:
 @pytest.mark.slow  # a second server, an export, a shutdown: ~20 s
 def test_onnx_model_gives_the_checkpoints_answers_and_sigterm_drains_and_stops_everything(trained_ckpt, tmp_path):
     pytest.importorskip("onnxruntime", reason="the export extra is not installed")
-    from project.export import export
+    from project.export.convert import export
 
     onnx = tmp_path / "model.onnx"
     export(str(trained_ckpt), "onnx", str(onnx))

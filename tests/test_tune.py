@@ -18,7 +18,7 @@ from project.cli import cli_main
 from tests.conftest import ROOT, small_run
 
 optuna = pytest.importorskip("optuna", reason="the tune extra is not installed: pip install -e '.[tune]'")
-from project.tune import SearchSpaceError, fail_dead_trials, load_search_space, storage_for  # noqa: E402
+from project.tune.search import SearchSpaceError, fail_dead_trials, load_search_space, storage_for  # noqa: E402
 
 # One trial in two: a learning rate that learns the synthetic digits, and one that cannot (pruned once 2 are done).
 LEARNS_OR_NOT = "model.optimizer.init_args.lr: {type: categorical, choices: [0.003, 1.0e-9]}\n"
@@ -63,7 +63,7 @@ def test_search_space_types_and_errors_naming_the_key(tmp_path):
 
 
 def test_the_shipped_search_space_names_keys_fit_accepts():
-    from project.tune import check_keys
+    from project.tune.search import check_keys
 
     search = str(ROOT / "configs" / "search.yaml")
     space = load_search_space(search)

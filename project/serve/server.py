@@ -12,7 +12,7 @@ Routes: ``POST /predict`` (multipart ``file``, JSON ``{"image": "<base64>"}`` or
 Images are prepared by ``project/images.py``, the code ``predict --data.predict_dir`` runs, so a file gets the same
 answer from both. SIGTERM (``docker stop``, systemd, Kubernetes) and SIGINT (Ctrl-C, which the terminal sends to every
 process of the group) stop accepting, answer what is in flight and exit 0; only the main process acts on them.
-Should the main process die without that (SIGKILL), every other one dies with it (``project.lifetime``).
+Should the main process die without that (SIGKILL), every other one dies with it (``project.serve.lifetime``).
 """
 
 import argparse
@@ -38,7 +38,7 @@ from starlette.requests import ClientDisconnect
 
 from project.cli import HelpFormatter
 from project.images import BlankImage, ImageTooLarge, prepare_image
-from project.lifetime import AnswerWithin, Heartbeat, end_with_parent, forks_end_with_this_process
+from project.serve.lifetime import AnswerWithin, Heartbeat, end_with_parent, forks_end_with_this_process
 
 try:
     import litserve as ls
@@ -47,8 +47,8 @@ try:
 except ImportError as exc:  # an optional extra
     raise ImportError("`serve` needs LitServe: pip install -e '.[serve]'") from exc
 
-from project.reuse_port import BALANCES, SocketPerServer
-from project.zmq_answers import ZMQAnswers
+from project.serve.reuse_port import BALANCES, SocketPerServer
+from project.serve.zmq_answers import ZMQAnswers
 
 JSON_HELP = 'send the image as multipart/form-data (field "file") or as JSON {"image": "<base64 PNG/JPEG>"}'
 
@@ -316,12 +316,12 @@ def stop_on_signals() -> None:
 class DigitServer(ls.LitServer):
     """``LitServer`` whose ``fast_queue=True`` keeps requests and answers out of the ``multiprocessing.Manager``,
     whose default no-authentication dependency runs in the event loop (``setup_auth``), and whose HTTP servers
-    each listen on a socket of their own (``_start_server``, ``project.reuse_port``).
+    each listen on a socket of their own (``_start_server``, ``project.serve.reuse_port``).
 
     LitServe 0.2.19 sends both through Manager proxies: every request is a synchronous round trip to the manager
     process from inside the HTTP server's event loop (20% of its samples under load, py-spy) and another one from
     the inference worker, and so is every answer (45% of the worker's samples). Its ``fast_queue`` was meant to
-    fix the answers with ZeroMQ but never takes effect (see ``project.zmq_answers``). Here requests travel over a
+    fix the answers with ZeroMQ but never takes effect (see ``project.serve.zmq_answers``). Here requests travel over a
     ``multiprocessing.Queue`` (a pipe, written by a feeder thread: ``put`` returns at once) and answers over
     ``ZMQAnswers``: 565 -> 906 req/s at concurrency 64 with max_batch_size 32, 519 -> 694 with 1 (one run each).
     """
@@ -343,7 +343,7 @@ class DigitServer(ls.LitServer):
         **kwargs: Any,
     ) -> dict:
         if num_uvicorn_servers > 1 and uvicorn_worker_type == "process" and BALANCES:
-            sockets = SocketPerServer(sockets[0])  # a listening socket per HTTP server: see project.reuse_port
+            sockets = SocketPerServer(sockets[0])  # a listening socket per HTTP server: see project.serve.reuse_port
         return super()._start_server(port, num_uvicorn_servers, log_level, sockets, uvicorn_worker_type, **kwargs)
 
     def launch_inference_worker(self, lit_api: ls.LitAPI) -> list:

@@ -10,11 +10,11 @@ from PIL import Image
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from project.data import InMemoryDataset, keep_batch, random_shift_rotate
+from project.data import DataError, InMemoryDataset, keep_batch, random_shift_rotate
 from project.images import IMAGE_SUFFIXES, list_files
 
 
-class FolderDataError(RuntimeError):
+class FolderDataError(DataError):
     """The image folder is missing, empty, has a class without images, or no image could be decoded."""
 
 

@@ -1,0 +1,5 @@
+"""Tracking and profiling a run: MLflow beside TensorBoard, a short profiled fit (``profiler.py``).
+
+No command of its own: ``--config configs/mlflow.yaml`` or ``--config configs/profile.yaml``. Its extra is ``track``,
+its tests ``tests/test_monitors.py``, its benchmark ``benchmarks/monitors.py``.
+"""

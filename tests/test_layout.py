@@ -1,0 +1,61 @@
+"""The package's layout: a core that imports no feature, features in places of their own, commands found, not listed."""
+
+import ast
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+PACKAGE = ROOT / "project"
+FEATURES = sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py"))
+
+
+def imported(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every import of the package in ``path``, relative ones resolved."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.append((node.lineno, node.module))
+    return [(line, name) for line, name in found if name.split(".")[0] == "project"]
+
+
+def test_the_features_are_the_expected_places():
+    assert FEATURES == ["elastic", "export", "folder", "serve", "track", "tune"]
+
+
+def test_the_core_imports_no_feature():
+    wrong = [
+        f"{path.name}:{line} imports {name}"
+        for path in sorted(PACKAGE.glob("*.py"))
+        for line, name in imported(path)
+        if name.split(".")[1:2] and name.split(".")[1] in FEATURES
+    ]
+    assert not wrong, wrong
+
+
+@pytest.mark.parametrize("feature", FEATURES)
+def test_a_feature_imports_the_core_and_itself_only(feature):
+    wrong = [
+        f"{path.relative_to(PACKAGE)}:{line} imports {name}"
+        for path in sorted((PACKAGE / feature).glob("*.py"))
+        for line, name in imported(path)
+        if name.split(".")[1:2] and name.split(".")[1] in FEATURES and name.split(".")[1] != feature
+    ]
+    assert not wrong, wrong
+
+
+def test_the_command_list_comes_from_the_features_present(tmp_path):
+    copy = tmp_path / "project"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.rmtree(copy / "serve")  # a feature's place removed, and nothing else edited
+    code = "from project.cli import commands; print(' '.join(commands()))"
+    listed = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
+    assert listed.stdout.split() == ["fit", "validate", "test", "predict", "env", "export", "tune"]
+    gone = subprocess.run([sys.executable, "-m", "project", "serve"], cwd=tmp_path, capture_output=True, text=True)
+    assert gone.returncode == 2 and "unknown command 'serve'" in gone.stderr

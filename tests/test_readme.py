@@ -1,4 +1,4 @@
-"""The README tells the truth: every test it names exists, every `python -m project` command in it parses."""
+"""The README and the docs/ pages tell the truth: every test they name exists, every command in them parses."""
 
 import importlib
 import pkgutil
@@ -11,20 +11,23 @@ from project.cli import cli_main, commands
 from tests.conftest import ROOT
 
 README = (ROOT / "README.md").read_text()
+PAGES = {"README.md": README} | {f"docs/{p.name}": p.read_text() for p in sorted((ROOT / "docs").glob("*.md"))}
 
 
 def named_tests() -> list[tuple[str, str]]:
-    """(file, test) for every `file.py::test_x` and following `::test_y` in the README."""
-    found, current = [], None
-    for file, test in re.findall(r"(?:tests/)?(test_\w+\.py)?::(test_\w+)", README):
-        current = file or current
-        found.append((current, test))
+    """(page, file, test) for every `file.py::test_x` and following `::test_y` on every page."""
+    found = []
+    for page, text in PAGES.items():
+        current = None
+        for file, test in re.findall(r"(?:tests/)?(test_\w+\.py)?::(test_\w+)", text):
+            current = file or current
+            found.append((page, current, test))
     return found
 
 
 def documented_commands() -> list[str]:
-    """Every `python -m project ...` line of the README's code blocks, continuations joined, comments dropped."""
-    blocks = re.findall(r"```(\w*)\n(.*?)```", README, flags=re.S)
+    """Every `python -m project ...` line of the pages' code blocks, continuations joined, comments dropped."""
+    blocks = [block for text in PAGES.values() for block in re.findall(r"```(\w*)\n(.*?)```", text, flags=re.S)]
     commands = []
     for language, block in blocks:
         if language not in ("", "bash"):  # json, python, yaml examples
@@ -39,10 +42,34 @@ def documented_commands() -> list[str]:
 def test_the_readme_names_only_tests_that_exist():
     tests = named_tests()
     assert len(tests) >= 8
-    for file, test in tests:
+    for page, file, test in tests:
         path = ROOT / "tests" / file
-        assert path.is_file(), f"README names {file}, which does not exist"
-        assert re.search(rf"^def {test}\(", path.read_text(), flags=re.M), f"README names {file}::{test}"
+        assert path.is_file(), f"{page} names {file}, which does not exist"
+        assert re.search(rf"^def {test}\(", path.read_text(), flags=re.M), f"{page} names {file}::{test}"
+
+
+def test_the_readme_is_short_and_every_link_between_the_pages_resolves():
+    assert README.count("\n") <= 150
+    for page, text in PAGES.items():
+        for target in re.findall(r"\]\(([^)#]+\.md)\)", text):
+            assert (ROOT / page).parent.joinpath(target).resolve().is_file(), f"{page} links to {target}"
+
+
+def test_every_feature_has_its_page_and_a_row_in_the_readme():
+    features = sorted(p.parent.name for p in (ROOT / "project").glob("*/__init__.py"))
+    assert features
+    for feature in [*features, "notebooks"]:
+        assert (ROOT / "docs" / f"{feature}.md").is_file(), f"docs/{feature}.md is missing"
+        assert f"| `{feature}` |" in README and f"(docs/{feature}.md)" in README, feature
+
+
+def test_the_readme_layout_names_every_module_and_only_those():
+    tree = README[README.index("```\nproject/") : README.index("```", README.index("```\nproject/") + 3)]
+    shown = set(re.findall(r"^  (\w+\.py|\w+/)", tree, flags=re.M))
+    package = ROOT / "project"
+    present = {p.name for p in package.glob("*.py") if not p.name.startswith("__")}
+    present |= {f"{p.parent.name}/" for p in package.glob("*/__init__.py")}
+    assert shown == present, f"missing from the README: {present - shown}; not in project/: {shown - present}"
 
 
 @pytest.mark.parametrize("command", documented_commands())

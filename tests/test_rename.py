@@ -10,6 +10,7 @@ import pytest
 from tests.conftest import ROOT
 
 COPY = ["project", "configs", "tests", "notebooks", "benchmarks", "scripts", ".ci", "pyproject.toml", "README.md"]
+COPY.append("docs")
 
 
 def test_rename_on_a_copy(tmp_path, monkeypatch, capsys):

@@ -21,7 +21,14 @@ import torch
 import yaml
 from jsonargparse import Namespace
 from lightning.fabric.utilities.exceptions import MisconfigurationException
-from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint, ProgressBar
+from lightning.pytorch.callbacks import (
+    EarlyStopping,
+    LearningRateFinder,
+    LearningRateMonitor,
+    ModelCheckpoint,
+    ModelPruning,
+    ProgressBar,
+)
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
@@ -251,9 +258,10 @@ class SuggestingParser(LightningArgumentParser):
 class MNISTCLI(LightningCLI):
     """LightningCLI with the recipe as default, named callbacks, features that switch off cleanly, and safe loading.
 
-    Beyond LightningCLI: ``checkpoint`` and ``early_stopping`` are top-level keys (``--early_stopping.patience 5``,
-    ``--early_stopping null``); ``trainer.precision: null`` is the measured default for this machine; a switched-off
-    Trainer feature drops the callbacks that need it; every checkpoint is loaded with the safe unpickler first.
+    Beyond LightningCLI: ``checkpoint``, ``early_stopping``, ``pruning`` and ``lr_find`` are top-level keys
+    (``--early_stopping.patience 5``, ``--early_stopping null``, ``--pruning.sparsity 0.9``); ``trainer.precision:
+    null`` is the measured default for this machine; a switched-off Trainer feature drops the callbacks that need it;
+    every checkpoint is loaded with the safe unpickler first.
     """
 
     def __init__(
@@ -287,6 +295,9 @@ class MNISTCLI(LightningCLI):
         # callback of the list instead. null switches one off.
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint", subclass_mode=True, required=False)
         parser.add_lightning_class_args(EarlyStopping, "early_stopping", subclass_mode=True, required=False)
+        # Off unless an overlay names one (configs/prune.yaml, configs/lr_find.yaml): `--pruning.sparsity 0.9`.
+        parser.add_lightning_class_args(ModelPruning, "pruning", subclass_mode=True, required=False)
+        parser.add_lightning_class_args(LearningRateFinder, "lr_find", subclass_mode=True, required=False)
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
         parser.link_arguments("data.num_classes", "model.net.init_args.num_classes", apply_on="instantiate")
         parser.link_arguments("data.class_names", "model.class_names", apply_on="instantiate")

@@ -14,10 +14,11 @@ def test_lr_find_overlay_saves_the_curve_and_prints_a_usable_suggestion(run_cli,
         str(ROOT / "configs" / "lr_find.yaml"),
         "--trainer.limit_train_batches=null",
         "--data.batch_size=4",  # 32 batches in the synthetic training split: the search runs within one epoch
-        "--trainer.callbacks.num_training_steps=30",
-        "--trainer.callbacks.min_lr=1e-5",
-        "--trainer.callbacks.max_lr=0.5",
+        "--lr_find.num_training_steps=30",
+        "--lr_find.min_lr=1e-5",
+        "--lr_find.max_lr=0.5",
     )
+    assert "callbacks:" not in (ROOT / "configs" / "lr_find.yaml").read_text()  # a key of its own, no list copied
     finder = next(c for c in cli.trainer.callbacks if isinstance(c, LearningRateReport))
     assert isinstance(finder.suggestion, float) and 1e-5 <= finder.suggestion <= 0.5
     run = Path(cli.trainer.log_dir)

@@ -64,9 +64,10 @@ def test_every_feature_has_its_page_and_a_row_in_the_readme():
 
 
 def test_the_readme_layout_names_every_module_and_only_those():
-    tree = README[README.index("```\nproject/") : README.index("```", README.index("```\nproject/") + 3)]
-    shown = set(re.findall(r"^  (\w+\.py|\w+/)", tree, flags=re.M))
     package = ROOT / "project"
+    start = README.index(f"```\n{package.name}/")  # the name the rename script gave it, in a renamed copy
+    tree = README[start : README.index("```", start + 3)]
+    shown = set(re.findall(r"^  (\w+\.py|\w+/)", tree, flags=re.M))
     present = {p.name for p in package.glob("*.py") if not p.name.startswith("__")}
     present |= {f"{p.parent.name}/" for p in package.glob("*/__init__.py")}
     assert shown == present, f"missing from the README: {present - shown}; not in project/: {shown - present}"

@@ -13,7 +13,6 @@ import gc
 import importlib
 import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -88,8 +87,7 @@ def cli_main(args: list[str] | None = None) -> Any:
     module = importlib.import_module(f"{__package__}.{listed[command][0]}")
     if module.__name__.endswith(".lightning_cli"):
         return module.run(argv, prog=prog)
-    run: Callable[[list[str]], Any] = module.main
-    return run(argv[1:])
+    return module.main(argv[1:])
 
 
 def skip_teardown() -> None:

@@ -313,9 +313,7 @@ def test_ctrl_c_during_validation_saves_last_too(run_cli, tmp_path, lightning_lo
 
 
 class InterruptInTraining(L.Callback):
-    """Ctrl-C at the third training step; records whether the progress bar was still live when each line was logged."""
-
-    bar_live_at: dict[str, bool] = {}  # noqa: RUF012 (one test reads it back)
+    """Ctrl-C at the third training step."""
 
     def on_train_batch_start(self, trainer: L.Trainer, *args) -> None:
         if trainer.global_step == 2:
@@ -336,14 +334,14 @@ def test_ctrl_c_says_how_to_resume_after_the_progress_bar_stops(run_cli, tmp_pat
     from lightning.pytorch.callbacks import RichProgressBar
 
     trainers = RememberTrainer.seen = []
+    bar_live_at: dict[str, bool] = {}  # whether the progress bar was still live when the line was logged
 
     class Watch(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
             bar = trainers[0].progress_bar_callback if trainers else None
             if "Resume with" in record.getMessage() and isinstance(bar, RichProgressBar):
-                InterruptInTraining.bar_live_at["resume"] = bar.progress is not None and bar.progress.live.is_started
+                bar_live_at["resume"] = bar.progress is not None and bar.progress.live.is_started
 
-    InterruptInTraining.bar_live_at = {}
     logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
     handler = Watch(level=logging.INFO)
     logger.addHandler(handler)
@@ -357,4 +355,4 @@ def test_ctrl_c_says_how_to_resume_after_the_progress_bar_stops(run_cli, tmp_pat
     finally:
         logger.removeHandler(handler)
     assert isinstance(trainers[0].progress_bar_callback, RichProgressBar)
-    assert InterruptInTraining.bar_live_at == {"resume": False}
+    assert bar_live_at == {"resume": False}

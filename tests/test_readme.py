@@ -9,6 +9,7 @@ import pytest
 
 from project.cli import cli_main, commands
 from tests.conftest import ROOT
+from tests.test_layout import FEATURES
 
 README = (ROOT / "README.md").read_text()
 PAGES = {"README.md": README} | {f"docs/{p.name}": p.read_text() for p in sorted((ROOT / "docs").glob("*.md"))}
@@ -56,9 +57,8 @@ def test_the_readme_is_short_and_every_link_between_the_pages_resolves():
 
 
 def test_every_feature_has_its_page_and_a_row_in_the_readme():
-    features = sorted(p.parent.name for p in (ROOT / "project").glob("*/__init__.py"))
-    assert features
-    for feature in [*features, "notebooks"]:
+    assert FEATURES
+    for feature in [*FEATURES, "notebooks"]:
         assert (ROOT / "docs" / f"{feature}.md").is_file(), f"docs/{feature}.md is missing"
         assert f"| `{feature}` |" in README and f"(docs/{feature}.md)" in README, feature
 
@@ -69,7 +69,7 @@ def test_the_readme_layout_names_every_module_and_only_those():
     tree = README[start : README.index("```", start + 3)]
     shown = set(re.findall(r"^  (\w+\.py|\w+/)", tree, flags=re.M))
     present = {p.name for p in package.glob("*.py") if not p.name.startswith("__")}
-    present |= {f"{p.parent.name}/" for p in package.glob("*/__init__.py")}
+    present |= {f"{feature}/" for feature in FEATURES}
     assert shown == present, f"missing from the README: {present - shown}; not in project/: {shown - present}"
 
 

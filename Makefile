@@ -2,13 +2,13 @@
 PYTHON ?= python
 CONFIG ?= configs/default.yaml
 
-.PHONY: help install install-locked train test test-fast lint format tensorboard notebooks benchmark
+.PHONY: help install install-locked train test test-fast lint format tensorboard benchmark
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-15s %s\n", $$1, $$2}'
 
-install:  ## editable install with the dev, export and track extras
-	$(PYTHON) -m pip install -e ".[dev,export,track]"
+install:  ## editable install with the test tools and every feature's extra
+	$(PYTHON) -m pip install -e ".[dev]"
 
 install-locked:  ## the exact versions the tests passed with (requirements.lock), then the project
 	$(PYTHON) -m pip install -r requirements.lock
@@ -34,8 +34,11 @@ format:  ## fix what ruff can
 tensorboard:  ## TensorBoard on the runs in logs/
 	tensorboard --logdir logs
 
+# >>> notebooks
+.PHONY: notebooks
 notebooks:  ## execute both notebooks (needs PATH_DATASETS)
 	$(PYTHON) -m pytest --nbmake notebooks/
+# <<< notebooks
 
 benchmark:  ## the benchmark against the plain PyTorch loop (needs PATH_DATASETS); writes BENCHMARKS.md
 	$(PYTHON) benchmarks/run.py

@@ -1,11 +1,11 @@
-"""What seeing inside a run costs: the default recipe with and without its monitors, and with MLflow beside it.
+"""What seeing inside a run costs: the default recipe with and without its monitors, and with a tracker beside it.
 
     python benchmarks/monitors.py             # 3 alternating rounds on the real MNIST ($PATH_DATASETS)
 
 Variants (each one process, 400 training steps of configs/default.yaml, as (c) in benchmarks/run.py):
   none:     default.yaml without LayerHistograms and Throughput
   default:  default.yaml as shipped (both on)
-  mlflow:   default.yaml + configs/mlflow.yaml (a SQLite tracking store, checkpoints as artifacts)
+  and each tracker overlay of the variants below
 Figures: steady-state training samples/s (epoch-boundary steps left out) and the whole fit's wall time, which
 includes the once-per-epoch work (histograms, artifact upload). Rounds alternate the order of the variants.
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run import DEFAULT, ROOT, machine, run_template, short_run
+from run import DEFAULT, machine, run_template, short_run
 
 MONITORS = ("project.monitors.LayerHistograms", "project.monitors.Throughput")
 
@@ -42,26 +42,31 @@ def main() -> None:
     args = parser.parse_args()
     if "PATH_DATASETS" not in os.environ:
         raise SystemExit("Set PATH_DATASETS to the folder that holds MNIST/raw/ (the real data).")
-    results: dict[str, list[dict]] = {"none": [], "default": [], "mlflow": []}
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         variants = {
             "none": ["--config", without_monitors(folder)],
             "default": [],
+            # >>> track
+            # default.yaml + configs/mlflow.yaml (a SQLite tracking store, checkpoints as artifacts)
             "mlflow": [
                 "--config",
-                str(ROOT / "configs" / "mlflow.yaml"),
+                str(Path(DEFAULT).parent / "mlflow.yaml"),
                 f"--trainer.logger.init_args.tracking_uri=sqlite:///{folder / 'mlflow.db'}",
                 f"--trainer.logger.init_args.artifact_location={folder / 'artifacts'}",
             ],
+            # <<< track
         }
+        results: dict[str, list[dict]] = {name: [] for name in variants}
         for round_ in range(1, args.rounds + 1):
             order = list(variants) if round_ % 2 else list(variants)[::-1]
             for name in order:
                 logs = str(folder / "logs")
                 cli_args = [*variants[name], *short_run(args.steps, logs)]
+                # >>> track
                 if name == "mlflow":  # a logger list: the TensorBoard save_dir is set in the list itself
                     cli_args = [a for a in cli_args if not a.startswith("--trainer.logger.init_args.save_dir")]
+                # <<< track
                 results[name].append(run_template(cli_args, args.warmup))
                 r = results[name][-1]
                 print(f"round {round_} {name}: {r['samples_per_s']:.0f} samples/s, fit {r['fit_s']:.2f} s", flush=True)

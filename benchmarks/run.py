@@ -254,7 +254,11 @@ def main() -> None:
     if args.quick:
         return
     command = " ".join(["python benchmarks/run.py", *sys.argv[1:]])
-    Path(args.output).write_text(
+    # This run's section is the page's head, up to the first "## " section: the other benchmarks' sections stay.
+    output = Path(args.output)
+    old = output.read_text() if output.is_file() else ""
+    others = old[old.index("\n## ") + 1 :] if "\n## " in old else ""
+    output.write_text(
         "# Benchmarks\n\n"
         f"Machine: {machine()}.\n\n"
         f"Command: `PATH_DATASETS=<data> {command}` ({args.rounds} rounds, variants in the order a/b/c/d/e, "
@@ -266,7 +270,7 @@ def main() -> None:
         "(d) `python -m project fit --config configs/fast.yaml`, then `test` on the best checkpoint; (e) "
         "`benchmarks/baseline_loop.py --steps 0` (one whole epoch). Ratios are medians of one run of this script; "
         "compare ratios, not absolute times, "
-        "across machines.\n"
+        "across machines.\n" + (f"\n{others}" if others else "")
     )
     print(f"wrote {args.output}")
 

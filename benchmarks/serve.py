@@ -127,6 +127,7 @@ def csv_predictions(ckpt: Path, folder: Path) -> dict[int, int]:
         return {int(re.search(r"d(\d+)\.png", row["path"]).group(1)): int(row["pred"]) for row in csv.DictReader(f)}
 
 
+# >>> export
 def onnx_predictions(model: Path, folder: Path) -> dict[int, int]:
     """The ONNX model's predictions of the PNG files, prepared as `serve` and `predict` prepare them."""
     from project.data import normalize
@@ -136,6 +137,9 @@ def onnx_predictions(model: Path, folder: Path) -> dict[int, int]:
     files, images, _ = load_folder(folder)
     preds = run_onnx(model, normalize(images)).argmax(1)
     return {int(re.search(r"d(\d+)", p.name).group(1)): int(y) for p, y in zip(files, preds.tolist(), strict=True)}
+
+
+# <<< export
 
 
 def write_lua(folder: Path, labels: list[int], refs: dict[int, int], path: Path) -> None:
@@ -327,9 +331,9 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--batch_sizes", type=int, nargs="+", default=[1, 8, 32], help="serve --max_batch_size")
     parser.add_argument("--batch_timeout", type=float, default=0.002, help="serve --batch_timeout (seconds)")
     parser.add_argument("--worker_nice", type=int, nargs="+", default=[10], help="serve --worker_nice (each value)")
-    parser.add_argument(
-        "--models", nargs="+", choices=["torch", "onnx", "onnx-int8"], default=["torch", "onnx", "onnx-int8"]
-    )
+    models = ["torch"]
+    models += ["onnx", "onnx-int8"]  # [export]
+    parser.add_argument("--models", nargs="+", choices=models, default=models)
     parser.add_argument("--timeout", type=float, default=10, help="seconds one request may take")
     parser.add_argument("--limit", type=float, default=120, help="seconds one setting may take")
     parser.add_argument("--quick", action="store_true", help="1 round, 100 requests, 200 digits")
@@ -358,21 +362,23 @@ def main(argv: list[str] | None = None) -> str:
     if args.quick:
         args.rounds, args.requests, args.warmup, args.digits = 1, 100, 20, 200
 
-    from project.export.convert import export
-
     with tempfile.TemporaryDirectory(prefix="serve-bench-") as tmp:
         work = Path(tmp)
         labels = write_digits(args.data_dir, args.digits, work / "digits")
         files = {"torch": None, "onnx": work / "model.onnx", "onnx-int8": work / "model.int8.onnx"}
+        # >>> export
+        from project.export.convert import export
+
         for model in args.models:
             if model != "torch":
                 quantize = "static" if model == "onnx-int8" else None
                 export(args.ckpt_path, "onnx", str(files[model]), quantize=quantize, data_dir=args.data_dir)
+        # <<< export
         copy = work / "logs" / "run" / "checkpoints" / "model.ckpt"
         copy.parent.mkdir(parents=True)
         shutil.copy(args.ckpt_path, copy)
         refs = {"torch": csv_predictions(copy, work / "digits")}
-        refs.update({m: onnx_predictions(files[m], work / "digits") for m in args.models if m != "torch"})
+        refs.update({m: onnx_predictions(files[m], work / "digits") for m in args.models if m != "torch"})  # [export]
         scripts = {}
         for name, ref in refs.items():
             scripts[name] = work / f"{name}.lua"

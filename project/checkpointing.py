@@ -62,7 +62,7 @@ class BestAndLastCheckpoint(ModelCheckpoint):
 
     Args:
         last_every_n_train_steps: Also rewrite ``last.ckpt`` every this many training steps (0: only where
-            ``ModelCheckpoint`` saves), so a killed worker loses at most that many steps (``configs/elastic.yaml``).
+            ``ModelCheckpoint`` saves), so a killed worker loses at most that many steps.
     """
 
     def __init__(self, *args: Any, last_every_n_train_steps: int = 0, **kwargs: Any) -> None:

@@ -43,7 +43,7 @@ def read_image(path: Path) -> Tensor:
 def prepare_image(source: Path | BinaryIO, max_pixels: int | None = None) -> Tensor:
     """Decode an image (a file, or its bytes as a file object) and prepare it as an MNIST digit (28, 28) uint8.
 
-    What ``predict --data.predict_dir`` and ``serve`` both run, so a file gets the same answer from either.
+    What ``predict --data.predict_dir`` runs, and every command that answers for an image file: one preparation.
 
     Args:
         source: A path or a binary file object holding a PNG, JPEG, BMP or any format PIL decodes.

@@ -84,8 +84,7 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
 class KeepingSaveConfigCallback(SaveConfigCallback):
     """Save the resolved config into the run folder; a resumed run keeps the old file and writes ``config-1.yaml``.
 
-    An MLflow logger also gets the whole config: as parameters under ``config/...`` and as the run's
-    ``config.yaml`` artifact.
+    A logger with a ``log_config(config, path)`` method also gets the whole config (a dict) and the saved file.
     """
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -94,15 +93,11 @@ class KeepingSaveConfigCallback(SaveConfigCallback):
         super().setup(trainer, pl_module, stage)
 
     def save_config(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        from lightning.pytorch.loggers import MLFlowLogger  # Lightning's wrapper: imports mlflow only when used
-
-        for logger in trainer.loggers:
-            if isinstance(logger, MLFlowLogger):
-                config = yaml.safe_load(self.parser.dump(self.config, skip_none=False))
-                logger.log_hyperparams({f"config/{k}": v for k, v in flatten(config).items()})
-                saved = Path(trainer.log_dir or ".") / self.config_filename
-                if saved.is_file():
-                    logger.experiment.log_artifact(logger.run_id, str(saved))
+        loggers = [lg for lg in trainer.loggers if callable(getattr(lg, "log_config", None))]
+        if loggers:
+            config = yaml.safe_load(self.parser.dump(self.config, skip_none=False))
+            for logger in loggers:
+                logger.log_config(config, Path(trainer.log_dir or ".") / self.config_filename)
 
 
 class LightningNoise(logging.Filter):
@@ -146,7 +141,7 @@ def resolve(class_path: str) -> type | None:
 
 def run_logger(config: Namespace) -> Namespace | None:
     """The configured logger (``class_path`` and ``init_args``) that owns the run folders: the only one, or the
-    first TensorBoardLogger of a list (``configs/mlflow.yaml``); None without a logger."""
+    first TensorBoardLogger of a list; None without a logger."""
     logger = config.trainer.get("logger")
     if isinstance(logger, list):
         boards = [lg for lg in logger if str(getattr(lg, "class_path", "")).endswith("TensorBoardLogger")]
@@ -268,7 +263,7 @@ class MNISTCLI(LightningCLI):
         self, *args: Any, argv: list[str] | None = None, callbacks: list[L.Callback] | None = None, **kwargs: Any
     ) -> None:
         self._argv = list(argv or [])
-        # Objects no config can describe: tune's pruning callback; the job's identity in every checkpoint.
+        # Objects no config can describe: a search's pruning callback; the job's identity in every checkpoint.
         self._callbacks = [*(callbacks or []), JobIdentity()]
         super().__init__(*args, **kwargs)
 
@@ -291,7 +286,7 @@ class MNISTCLI(LightningCLI):
             default=False,
             help="After fit, test the best checkpoint in the same run (its test/acc goes into TensorBoard's HParams).",
         )
-        # Callbacks users tune most, as keys of their own: `--trainer.callbacks.patience` would change the last
+        # Callbacks users change most, as keys of their own: `--trainer.callbacks.patience` would change the last
         # callback of the list instead. null switches one off.
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint", subclass_mode=True, required=False)
         parser.add_lightning_class_args(EarlyStopping, "early_stopping", subclass_mode=True, required=False)
@@ -507,7 +502,7 @@ def run(
     """Run ``argv`` (``fit ...``, ``test ...``, ...) through the CLI, starting from the default recipe.
 
     With ``subcommand=False`` ``argv`` holds only options: the classes are built and nothing is run (benchmarks).
-    ``callbacks`` are added to the configured ones (objects built in Python, e.g. tune's pruning callback).
+    ``callbacks`` are added to the configured ones (objects built in Python, e.g. a search's pruning callback).
     """
     quiet_lightning()
     defaults = {"default_config_files": [str(DEFAULT_RECIPE)]} if DEFAULT_RECIPE.is_file() else {}

@@ -137,3 +137,15 @@ def lightning_log():
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # Two workers on two cores: one intra-op thread each, instead of two threads each fighting for both cores.
     torch.set_num_threads(1)
+
+
+def assert_help_shows_defaults(command: str, shown: str, capsys: pytest.CaptureFixture) -> None:
+    """``<command> --help`` exits 0 and shows ``shown`` (a default), and no option says "(default: None)"."""
+    from project.cli import cli_main
+
+    with pytest.raises(SystemExit) as info:
+        cli_main([command, "--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert shown in (out if "  " in shown else " ".join(out.split())), out[-1500:]
+    assert "(default: None)" not in out  # required options and unset ones say nothing

@@ -253,19 +253,20 @@ class Payload:
         return (os.system, (f"touch {self.marker}",))
 
 
-@pytest.mark.parametrize("command", ["test", "predict", "validate", "fit", "export"])
-def test_checkpoint_with_a_pickle_payload_is_refused_and_never_runs(run_cli, trained_ckpt, tmp_path, capsys, command):
-    marker = tmp_path / "pwned"
-    good = trained_ckpt
-    evil = tmp_path / "evil.ckpt"
+def evil_checkpoint(good: Path, folder: Path) -> tuple[Path, Path]:
+    """A copy of ``good`` whose hyperparameters unpickle to ``touch <marker>``; returns (checkpoint, marker)."""
+    marker, evil = folder / "pwned", folder / "evil.ckpt"
     checkpoint = torch.load(good, weights_only=True)
     checkpoint["hyper_parameters"]["surprise"] = Payload(marker)
     torch.save(checkpoint, evil)
+    return evil, marker
+
+
+@pytest.mark.parametrize("command", ["test", "predict", "validate", "fit"])
+def test_checkpoint_with_a_pickle_payload_is_refused_and_never_runs(run_cli, trained_ckpt, tmp_path, capsys, command):
+    evil, marker = evil_checkpoint(trained_ckpt, tmp_path)
     with pytest.raises(SystemExit):
-        if command == "export":
-            cli_main(["export", f"--ckpt_path={evil}", "--format=state_dict", f"--output={tmp_path / 'w.pt'}"])
-        else:
-            run_cli(command, f"--ckpt_path={evil}")
+        run_cli(command, f"--ckpt_path={evil}")
     assert "was refused" in capsys.readouterr().err
     assert not marker.exists()
 

@@ -7,7 +7,8 @@ import torch
 
 import project.net as net_module
 from project.cli import cli_main
-from tests.conftest import ROOT
+from tests.conftest import ROOT, assert_help_shows_defaults
+from tests.test_checkpointing import evil_checkpoint
 
 pytest.importorskip("onnxruntime", reason="the export extra is not installed: pip install -e '.[export]'")
 
@@ -27,6 +28,14 @@ def onnx_export(trained_ckpt, mnist_dir, tmp_path_factory) -> tuple:
 def export(checkpoint: str, fmt: str, out, data_dir, *extra: str) -> dict:
     args = ["export", f"--ckpt_path={checkpoint}", f"--format={fmt}", f"--output={out}", f"--data_dir={data_dir}"]
     return cli_main([*args, *extra])
+
+
+def test_export_refuses_a_checkpoint_with_a_pickle_payload(trained_ckpt, tmp_path, capsys):
+    evil, marker = evil_checkpoint(trained_ckpt, tmp_path)
+    with pytest.raises(SystemExit):
+        cli_main(["export", f"--ckpt_path={evil}", "--format=state_dict", f"--output={tmp_path / 'w.pt'}"])
+    assert "was refused" in capsys.readouterr().err
+    assert not marker.exists()
 
 
 @pytest.mark.parametrize("fmt", ["onnx", "pt2", "state_dict"])
@@ -195,3 +204,7 @@ def test_inference_benchmark_runs_every_format(trained_ckpt, mnist_dir, tmp_path
     ):
         assert f"| {name} |" in table, name
     assert "format chosen for this CPU" in table
+
+
+def test_the_export_help_shows_the_defaults(capsys):
+    assert_help_shows_defaults("export", "(default: 0.5)", capsys)

@@ -57,15 +57,16 @@ def test_the_readme_is_short_and_every_link_between_the_pages_resolves():
 
 
 def test_every_feature_has_its_page_and_a_row_in_the_readme():
-    assert FEATURES
-    for feature in [*FEATURES, "notebooks"]:
+    paged = list(FEATURES)
+    paged.append("notebooks")  # [notebooks]
+    for feature in paged:
         assert (ROOT / "docs" / f"{feature}.md").is_file(), f"docs/{feature}.md is missing"
         assert f"| `{feature}` |" in README and f"(docs/{feature}.md)" in README, feature
 
 
 def test_the_readme_layout_names_every_module_and_only_those():
     package = ROOT / "project"
-    start = README.index(f"```\n{package.name}/")  # the name the rename script gave it, in a renamed copy
+    start = README.index(f"```\n{package.name}/")  # the package_name of a copy, in a copy
     tree = README[start : README.index("```", start + 3)]
     shown = set(re.findall(r"^  (\w+\.py|\w+/)", tree, flags=re.M))
     present = {p.name for p in package.glob("*.py") if not p.name.startswith("__")}
@@ -76,29 +77,30 @@ def test_the_readme_layout_names_every_module_and_only_those():
 @pytest.mark.parametrize("command", documented_commands())
 def test_every_documented_command_parses(command, trained_ckpt, capsys, tmp_path):
     args = shlex.split(command.replace("<best>.ckpt", "x.ckpt"))
-    # Placeholders for a checkpoint stand for a real one; tune's output for an overlay like the one it writes.
-    best = tmp_path / "best.yaml"
-    best.write_text("model:\n  optimizer:\n    init_args:\n      lr: 0.002\n")
-    places = {
-        "CKPT": trained_ckpt,
-        "logs/mnist/version_0/checkpoints/x.ckpt": trained_ckpt,
-        "logs/tune/best.yaml": best,
-    }
+    # Placeholders for a checkpoint stand for a real one.
+    places = {"CKPT": trained_ckpt, "logs/mnist/version_0/checkpoints/x.ckpt": trained_ckpt}
+    # >>> tune
+    # tune's output: an overlay like the one it writes
+    places["logs/tune/best.yaml"] = tmp_path / "best.yaml"
+    places["logs/tune/best.yaml"].write_text("model:\n  optimizer:\n    init_args:\n      lr: 0.002\n")
+    # <<< tune
     args = [str(places.get(a, a)) for a in args]
     listed = commands()
     assert args[0] in listed, command
-    package = cli_main.__module__.rpartition(".")[0]  # "project", or the name the rename script gave it
+    package = cli_main.__module__.rpartition(".")[0]  # "project", or the package_name of a copy
     try:
         module = importlib.import_module(f"{package}.{listed[args[0]][0]}")
         if hasattr(module, "__path__"):  # a feature's package: the module of its own that builds the parser
             names = [f"{module.__name__}.{m.name}" for m in pkgutil.iter_modules(module.__path__)]
             module = next(m for m in map(importlib.import_module, names) if hasattr(m, "build_parser"))
-    except ImportError as exc:  # serve and tune need their extras; CI installs every extra
+    except ImportError as exc:  # a feature without its extra installed; CI installs every extra
         pytest.skip(str(exc))
+    # >>> tune
     if args[0] == "tune":  # its own options, and fit's for every trial
         _, fit_args = module.build_parser().parse_known_args(args[1:])
-        args = ["fit", *fit_args]
-    elif hasattr(module, "build_parser"):
+        args, module = ["fit", *fit_args], None
+    # <<< tune
+    if hasattr(module, "build_parser"):
         module.build_parser().parse_args(args[1:])  # argparse exits on an unknown option or a bad value
         return
     with pytest.raises(SystemExit) as info:

@@ -1,4 +1,4 @@
-"""benchmarks/recipes.py: the folder recipe's data and the recipe table, on synthetic digits and made-up figures."""
+"""benchmarks/recipes.py: the recipe table on made-up figures, and the folder recipe's data on synthetic digits."""
 
 import importlib.util
 import sys
@@ -21,6 +21,7 @@ def recipes():
         sys.path.remove(str(ROOT / "benchmarks"))
 
 
+# >>> folder
 def test_the_folder_recipe_reads_back_the_test_digits_with_their_labels(recipes, mnist_dir, tmp_path):
     from project.data import MNISTDataModule
     from project.folder.data import ImageFolderDataModule
@@ -39,6 +40,9 @@ def test_the_folder_recipe_reads_back_the_test_digits_with_their_labels(recipes,
         x, y = folder.splits["val"][i]
         match = (images == x.squeeze(0)).flatten(1).all(dim=1).nonzero().flatten()
         assert len(match) >= 1 and int(labels[match[0]]) == int(y)
+
+
+# <<< folder
 
 
 def test_the_table_gives_mean_min_max_per_seed_and_the_ratio_to_the_loop(recipes):

@@ -25,7 +25,7 @@ from PIL import Image
 from project.data import normalize
 from project.images import prepare_image
 from project.module import MNISTClassifier
-from tests.conftest import ROOT, free_port, synthetic_digits
+from tests.conftest import ROOT, assert_help_shows_defaults, free_port, synthetic_digits
 
 pytest.importorskip("litserve", reason="the serve extra is not installed: pip install -e '.[serve]'")
 # One pytest-xdist worker runs this file (`--dist loadgroup`), so the module's server starts once, not once per worker.
@@ -406,6 +406,7 @@ def alive(pid: int) -> bool:
     return state != "Z"  # a zombie has exited; only its parent's wait is missing
 
 
+# >>> export
 @pytest.mark.slow  # a second server, an export, a shutdown: ~20 s
 def test_onnx_model_gives_the_checkpoints_answers_and_sigterm_drains_and_stops_everything(trained_ckpt, tmp_path):
     pytest.importorskip("onnxruntime", reason="the export extra is not installed")
@@ -444,6 +445,9 @@ def test_onnx_model_gives_the_checkpoints_answers_and_sigterm_drains_and_stops_e
         assert b"Server stopped." in proc.stdout.read()
     finally:
         stop(proc)
+
+
+# <<< export
 
 
 @pytest.mark.slow  # a server of its own per case: ~15 s each
@@ -514,3 +518,7 @@ def test_a_stuck_worker_fails_health_and_times_out_requests_and_sigkill_of_main_
             socket.create_connection(("127.0.0.1", port), timeout=2).close()
     finally:
         stop(proc)
+
+
+def test_the_serve_help_shows_the_defaults(capsys):
+    assert_help_shows_defaults("serve", "--port PORT           TCP port, 1024-65535 (default: 8000)", capsys)

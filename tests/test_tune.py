@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from project.cli import cli_main
-from tests.conftest import ROOT, small_run
+from tests.conftest import ROOT, assert_help_shows_defaults, small_run
 
 optuna = pytest.importorskip("optuna", reason="the tune extra is not installed: pip install -e '.[tune]'")
 from project.tune.search import SearchSpaceError, fail_dead_trials, load_search_space, storage_for  # noqa: E402
@@ -273,3 +273,7 @@ def test_a_killed_study_restarted_at_once_retries_the_killed_trial_and_never_rep
     assert retried[0].state.name in ("COMPLETE", "PRUNED")  # long before the 120 s grace period of a heartbeat
     for number, value in before.items():  # completed trials are kept, never run again
         assert by_number[number].state.name == "COMPLETE" and by_number[number].value == value
+
+
+def test_the_tune_help_shows_the_defaults(capsys):
+    assert_help_shows_defaults("tune", "(default: 12)", capsys)

@@ -207,7 +207,7 @@ def export(
 def describe_onnx(path: Path, checkpoint: dict[str, Any], ckpt_path: str) -> None:
     """Write what a server needs besides the weights into the ONNX file's metadata: classes and normalisation.
 
-    ``python -m project serve --model`` reads them (``session.get_modelmeta().custom_metadata_map``).
+    A server reads them with ``session.get_modelmeta().custom_metadata_map``.
     """
     import onnx
 

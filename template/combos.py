@@ -1,0 +1,106 @@
+"""Generate the template's copies (the core alone, each feature alone, every feature) and check each one.
+
+    python template/combos.py                   # every combination: generate, check, install, its own tests
+    python template/combos.py --only core serve # some of them; --no-tests: generate and check only
+
+A copy passes when no file of it names a feature it dropped (the words each feature is known by, below), when
+ruff finds nothing, and when its own offline suite (``pytest -m "not slow"``) passes with the copy installed in
+the running environment (``pip install --no-deps -e``; the environment has every extra already). `.ci/run` runs it.
+"""
+
+import argparse
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "template"))
+from finish import FEATURES, text_files  # noqa: E402 (template/ is not a package)
+
+PACKAGE = "digits"
+# What names a feature in a file: a copy without the feature has none of these, in any file.
+WORDS = {
+    "serve": [r"\bserve\b", r"litserve", r"\bzmq\b", r"zmq_answers", r"reuse_port", r"multipart", r"\bwrk\b"],
+    "tune": [r"(?<!fine-)\btune\b", r"optuna", r"search\.yaml", r"postgres", r"psycopg"],
+    "export": [
+        r"\bexport(?:s|ed)?\b(?! [A-Z][A-Z_]+\b)",  # not the shell's `export PATH_DATASETS`
+        *[r"onnx", r"quantiz", r"\[export\]", r"\bexports/", r"\bcompression", r"\.pt2\b"],
+    ],
+    "elastic": [r"\belastic\b"],
+    "folder": [r"imagefolder", r"folder\.(?:yaml|py|md)\b", r"\w/folder\b", r"\.folder\.data\b"],
+    "track": [r"mlflow", r"\btrack\b", r"StepProfiler", r"PyTorchProfiler", r"profiler\.py", r"profile\.yaml"],
+    "notebooks": [r"notebook", r"ipynb", r"nbmake", r"ipykernel", r"nbformat"],
+}
+# A feature that works with another may name it in its own files: serve answers for exported ONNX files (and
+# reads a folder-trained checkpoint's sizes).
+WORKS_WITH = {"serve": ["export", "folder"]}
+COMBOS = {"core": [], **{feature: [feature] for feature in FEATURES}, "all": list(FEATURES)}
+
+
+def generate(destination: Path, features: list[str], package: str = PACKAGE, vcs_ref: str = "HEAD") -> Path:
+    """``copier copy`` of this repository (its working tree, uncommitted changes included) into ``destination``."""
+    from copier import run_copy
+
+    data = {"package_name": package, "features": features}
+    run_copy(str(ROOT), destination, data=data, defaults=True, unsafe=True, vcs_ref=vcs_ref, quiet=True)
+    return destination
+
+
+def mentions(root: Path, features: list[str]) -> list[str]:
+    """``path:line: word`` for every word of a dropped feature found under ``root``, file names included."""
+    named = {*features, *(other for f in features for other in WORKS_WITH.get(f, []))}
+    dropped = [f for f in FEATURES if f not in named]
+    patterns = [(f, re.compile(word, re.I)) for f in dropped for word in WORDS[f]]
+    found = []
+    for path in sorted(root.rglob("*")):
+        relative = path.relative_to(root)
+        if ".git" in relative.parts or "__pycache__" in relative.parts:
+            continue
+        found += [f"{relative}: named {word.pattern!r} ({f})" for f, word in patterns if word.search(str(relative))]
+    for path in text_files(root):
+        for number, line in enumerate(path.read_text().splitlines(), start=1):
+            for f, word in patterns:
+                if word.search(line):
+                    found.append(f"{path.relative_to(root)}:{number}: {word.pattern!r} ({f}): {line.strip()[:100]}")
+    return found
+
+
+def run(command: list[str], cwd: Path) -> None:
+    print("+", " ".join(command), flush=True)
+    subprocess.run(command, cwd=cwd, check=True)
+
+
+def check(name: str, features: list[str], tests: bool) -> float:
+    """Generate one combination and check it; return its wall time in seconds."""
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix=f"combo-{name}-") as tmp:
+        copy = generate(Path(tmp) / PACKAGE, features)
+        if found := mentions(copy, features):
+            sys.exit(f"{name}: the copy names features it dropped:\n  " + "\n  ".join(found))
+        run(["ruff", "check", "--quiet", "."], copy)
+        run(["ruff", "format", "--check", "--quiet", "."], copy)
+        if tests:
+            pip = [sys.executable, "-m", "pip", "--quiet", "--disable-pip-version-check"]
+            run([*pip, "install", "--no-deps", "-e", "."], copy)
+            try:
+                run([sys.executable, "-m", "pytest", "-q", "-m", "not slow", "-p", "no:cacheprovider"], copy)
+            finally:
+                run([*pip, "uninstall", "--yes", PACKAGE], copy)
+    return time.perf_counter() - start
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", nargs="+", choices=list(COMBOS), help="the combinations to check (default: all)")
+    parser.add_argument("--no-tests", dest="tests", action="store_false", help="generate and check, run no tests")
+    args = parser.parse_args(argv)
+    times = {name: check(name, COMBOS[name], args.tests) for name in args.only or COMBOS}
+    for name, seconds in times.items():
+        print(f"{name:10s} features={','.join(COMBOS[name]) or '-':50s} passed in {seconds:5.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,6 +1,6 @@
 """The command line: ``python -m project <command>``, one hop from the command to the code that runs it.
 
-The core commands are fit, validate, test and predict (LightningCLI, ``project/lightning_cli.py``) and env. Every
+The core commands are fit, validate, test and predict (LightningCLI, ``project/lightning_cli.py``), cv and env. Every
 other command is a feature: a subpackage of ``project/`` with a ``main(argv)`` in its ``__init__.py``, named after
 the folder and described by its docstring's first line. Remove the folder and the command is gone; add one and it
 is listed. Nothing heavy is imported before the command is known, so ``--help`` and a mistyped command answer at
@@ -22,6 +22,7 @@ CORE_COMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("lightning_cli", "Run the validation split on a checkpoint"),
     "test": ("lightning_cli", "Run the test split on a checkpoint"),
     "predict": ("lightning_cli", "Write predictions (CSV) for a split or a folder of your own images"),
+    "cv": ("cv", "k-fold cross-validation: one fit per fold, then each fold's best val/acc, their mean and std"),
     "env": ("env", "Versions, devices, bf16/TF32 support and the precision picked on this machine"),
 }
 

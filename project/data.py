@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset, random_split
+from torch.utils.data import DataLoader, Dataset, Subset, random_split
 from torchvision import transforms
 from torchvision.datasets import KMNIST, MNIST, FashionMNIST
 
@@ -63,6 +63,37 @@ class DataError(RuntimeError):
 
 class MNISTDataError(DataError):
     """The MNIST files are missing, cannot be downloaded, or are malformed."""
+
+
+def check_folds(num_folds: int | None, fold: int) -> None:
+    """``data.num_folds`` / ``data.fold`` must name one of at least two folds; raise ValueError naming the key."""
+    if num_folds is not None and (num_folds < 2 or not 0 <= fold < num_folds):
+        raise ValueError(
+            f"data.num_folds={num_folds}, data.fold={fold}: num_folds must be at least 2, and fold from 0 to "
+            "num_folds - 1."
+        )
+
+
+def fold_indices(labels: Tensor, num_folds: int, fold: int, seed: int, names: list[str]) -> tuple[Tensor, Tensor]:
+    """The (train, val) indices of fold ``fold`` of ``num_folds`` stratified, seeded, disjoint parts of ``labels``.
+
+    The images are shuffled with ``seed``, grouped by class, and dealt out in turn: every class is spread over the
+    folds as evenly as it can be (counts differ by at most one), and the K validation parts cover every image once.
+
+    Raises:
+        DataError: naming the class, if a class has fewer images than there are folds.
+    """
+    counts = torch.bincount(labels, minlength=len(names))
+    few = [f"{names[c]!r} has {int(n)}" for c, n in enumerate(counts) if int(n) < num_folds]
+    if few:
+        raise DataError(
+            f"data.num_folds={num_folds} needs at least {num_folds} images of every class in the training split, but "
+            f"{', '.join(few)}: use fewer folds, or more images of those classes."
+        )
+    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))
+    order = order[torch.argsort(labels[order], stable=True)]  # grouped by class, shuffled within each class
+    part = torch.arange(len(labels)) % num_folds  # the n-th image of the grouped list goes to fold n % K
+    return order[part != fold].sort().values, order[part == fold].sort().values
 
 
 def read_idx(path: Path, ndim: int) -> Tensor:
@@ -195,8 +226,11 @@ class MNISTDataModule(L.LightningDataModule):
         batch_size: Samples per batch (per process under DDP).
         num_workers: DataLoader worker processes.
         pin_memory: Pin host memory for faster copies to a GPU.
-        val_size: Images held out of the 60k training set for validation.
+        val_size: Images held out of the 60k training set for validation (unless ``num_folds`` is set).
         seed: Seed of the train/val split (independent of the global seed).
+        num_folds: Split the training set into this many stratified, seeded, disjoint parts and validate on part
+            ``fold`` (``python -m project cv`` runs them all); ``None``: hold out ``val_size`` images.
+        fold: Which part validates, ``0`` to ``num_folds - 1``.
         predict_split: Which split ``predict`` runs on.
         download: Download the files in ``prepare_data`` when they are missing.
         in_memory: Keep the images as one uint8 tensor, gather whole batches and normalise them on the target
@@ -215,6 +249,8 @@ class MNISTDataModule(L.LightningDataModule):
         pin_memory: bool = False,
         val_size: int = 5000,
         seed: int = 42,
+        num_folds: int | None = None,
+        fold: int = 0,
         predict_split: Literal["train", "val", "test"] = "test",
         download: bool = True,
         in_memory: bool = True,
@@ -228,6 +264,7 @@ class MNISTDataModule(L.LightningDataModule):
                 raise ValueError(f"data.{key} must be at least {low}, got {value}.")
         if dataset not in DATASETS:
             raise ValueError(f"data.dataset must be one of {', '.join(DATASETS)}, got {dataset!r}.")
+        check_folds(num_folds, fold)
         self.save_hyperparameters()
         self.data_dir = Path(data_dir if data_dir is not None else os.environ.get("PATH_DATASETS", "data"))
         self.dataset = dataset
@@ -237,6 +274,7 @@ class MNISTDataModule(L.LightningDataModule):
         self.pin_memory = pin_memory
         self.val_size = val_size
         self.seed = seed
+        self.num_folds, self.fold = num_folds, fold
         self.predict_split = predict_split
         self.download = download
         self.in_memory = in_memory
@@ -315,15 +353,20 @@ class MNISTDataModule(L.LightningDataModule):
             raise self._missing_error(missing)
         if stage in ("fit", "validate") or (stage == "predict" and self.predict_split != "test"):
             images, labels = load_split(self.raw_dir, "train")
-            if not 0 < self.val_size < len(images):
+            if self.num_folds is not None:
+                train, val = fold_indices(labels, self.num_folds, self.fold, self.seed, self.class_names)
+                full = self._dataset(images, labels)
+                self.splits.update(train=Subset(full, train.tolist()), val=Subset(full, val.tolist()))
+            elif not 0 < self.val_size < len(images):
                 raise MNISTDataError(
                     f"data.val_size={self.val_size} must be between 1 and {len(images) - 1} "
                     f"(the training set in {self.raw_dir} has {len(images)} images)."
                 )
-            full = self._dataset(images, labels)
-            generator = torch.Generator().manual_seed(self.seed)
-            train, val = random_split(full, [len(full) - self.val_size, self.val_size], generator=generator)
-            self.splits.update(train=train, val=val)
+            else:
+                full = self._dataset(images, labels)
+                generator = torch.Generator().manual_seed(self.seed)
+                train, val = random_split(full, [len(full) - self.val_size, self.val_size], generator=generator)
+                self.splits.update(train=train, val=val)
         if stage in ("test", "predict"):
             self.splits["test"] = self._dataset(*load_split(self.raw_dir, "t10k"))
 

@@ -31,7 +31,7 @@ from lightning.pytorch.callbacks import (
 )
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import TensorBoardLogger
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from project.checkpointing import (
@@ -260,9 +260,15 @@ class MNISTCLI(LightningCLI):
     """
 
     def __init__(
-        self, *args: Any, argv: list[str] | None = None, callbacks: list[L.Callback] | None = None, **kwargs: Any
+        self,
+        *args: Any,
+        argv: list[str] | None = None,
+        callbacks: list[L.Callback] | None = None,
+        run_folder: tuple[str, str] | None = None,
+        **kwargs: Any,
     ) -> None:
         self._argv = list(argv or [])
+        self._run_folder = run_folder
         # Objects no config can describe: a search's pruning callback; the job's identity in every checkpoint.
         self._callbacks = [*(callbacks or []), JobIdentity()]
         super().__init__(*args, **kwargs)
@@ -300,6 +306,9 @@ class MNISTCLI(LightningCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         super().parse_arguments(parser, args)
         subcommand = self.config.get("subcommand")
+        entry = run_logger(self.config[subcommand]) if subcommand is not None else None
+        if self._run_folder is not None and entry is not None:  # before the checkpoint check, which compares folders
+            entry.init_args.name, entry.init_args.version = self._run_folder
         if subcommand is not None:  # before LightningCLI reads the checkpoint's hyperparameters
             try:
                 self._check_checkpoint(self.config[subcommand], subcommand)
@@ -452,13 +461,21 @@ class MNISTCLI(LightningCLI):
         extra = [self._get(self.config_init, key) for key in self._parser(self.subcommand).callback_keys]
         trainer_config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
         try:
-            return self._instantiate_trainer(trainer_config, [c for c in extra if c is not None] + self._callbacks)
+            trainer = self._instantiate_trainer(trainer_config, [c for c in extra if c is not None] + self._callbacks)
         except (MisconfigurationException, ModuleNotFoundError, TypeError) as exc:
             # Lightning's connector says a device, strategy or precision is not available with a 30-line traceback;
             # the user gave the option, so name it. Errors raised elsewhere (our code, a bug) keep their traceback.
             if not isinstance(exc, MisconfigurationException) and "/lightning/" not in traceback_file(exc):
                 raise
             raise TrainerConfigError(explain_trainer_error(exc, trainer_config, self._argv)) from exc
+        # A logger beside TensorBoard that keeps files of its own (a tracker's offline run) may keep them in the run's
+        # folder: once a command runs (not for a parse only), on the process that writes the run (rank 0).
+        board = trainer.loggers[0] if trainer.loggers else None
+        keeps_files = self.subcommand is not None and rank_zero_only.rank == 0 and isinstance(board, TensorBoardLogger)
+        for logger in trainer.loggers[1:] if keeps_files else []:
+            if callable(getattr(logger, "use_run_folder", None)):
+                logger.use_run_folder(Path(board.log_dir))
+        return trainer
 
     def after_fit(self) -> None:
         """Optionally test the best checkpoint, then give TensorBoard's HParams tab the run's real results."""
@@ -498,11 +515,15 @@ def run(
     prog: str = "python -m project",
     subcommand: bool = True,
     callbacks: list[L.Callback] | None = None,
+    run_folder: tuple[str, str] | None = None,
 ) -> MNISTCLI:
     """Run ``argv`` (``fit ...``, ``test ...``, ...) through the CLI, starting from the default recipe.
 
     With ``subcommand=False`` ``argv`` holds only options: the classes are built and nothing is run (benchmarks).
     ``callbacks`` are added to the configured ones (objects built in Python, e.g. a search's pruning callback).
+    ``run_folder`` is the run's ``(name, version)`` under the TensorBoard logger's ``save_dir``, whatever the config
+    says (a cross-validation's ``mnist/cv_0``, ``fold_2``). A logger with a ``finish()`` method (a tracker's run) is
+    finished when the command is done, so that the next run in this process starts a run of its own.
     """
     quiet_lightning()
     defaults = {"default_config_files": [str(DEFAULT_RECIPE)]} if DEFAULT_RECIPE.is_file() else {}
@@ -513,13 +534,14 @@ def run(
     else:
         parser_kwargs = {"prog": prog, **defaults}
     try:
-        return MNISTCLI(
+        cli = MNISTCLI(
             MNISTClassifier,
             L.LightningDataModule,  # any DataModule by class path; default.yaml names MNISTDataModule
             subclass_mode_data=True,
             args=argv,
             argv=argv,
             callbacks=callbacks,
+            run_folder=run_folder,
             run=subcommand,
             save_config_callback=KeepingSaveConfigCallback,
             parser_class=SuggestingParser,
@@ -528,3 +550,7 @@ def run(
         )
     except SIGTERMException:  # SaveOnInterrupt has saved a checkpoint and said where: exit without a traceback
         raise SystemExit(143) from None
+    for logger in cli.trainer.loggers if subcommand else []:
+        if callable(getattr(logger, "finish", None)):
+            logger.finish()
+    return cli

@@ -2,7 +2,8 @@
 
     pip install -e ".[dev]" && pytest && python scripts/lock.py
 
-Each package needed only by a feature's extra ends in ``# [<extra>]`` (by several: ``# [<extra> <extra>]``): the
+Each package needed only by a feature's extras ends in ``# [<feature>]`` (by several: ``# [<feature> <feature>]``; an
+extra's feature is the marker of its line in ``dev``, ``"project[<extra>]",  # [<feature>]``, else its own name): the
 template's copies keep those lines only with the feature (template/finish.py), and pip reads them as comments.
 """
 
@@ -53,7 +54,10 @@ def requirements(project: str, extra: str | None) -> list[str]:
 
 
 def main() -> None:
-    own = canonical(re.search(r'^name = "([^"]+)"$', (ROOT / "pyproject.toml").read_text(), flags=re.M).group(1))
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    own = canonical(re.search(r'^name = "([^"]+)"$', pyproject, flags=re.M).group(1))
+    # The feature each extra belongs to, from dev's marked lines: `"project[<extra>]",  # [<feature>]`.
+    feature_of = dict(re.findall(r'^\s*"[\w-]+\[([\w-]+)\]",\s*#\s*\[([a-z]+)\]\s*$', pyproject, flags=re.M))
     extras = {"dev": requirements(own, "dev")}
     dev = [r for r in extras["dev"] if canonical(Requirement(r).name) != own]
     features = [e for r in extras["dev"] if canonical(Requirement(r).name) == own for e in Requirement(r).extras]
@@ -64,8 +68,9 @@ def main() -> None:
     for feature in features:
         for name, version in closure(extras[feature]).items():
             versions[name] = version
-            if name not in core:
-                needed_by.setdefault(name, []).append(feature)
+            owner = feature_of.get(feature, feature)
+            if name not in core and owner not in needed_by.setdefault(name, []):
+                needed_by[name].append(owner)
     lines = [
         "# Exact versions the test suite passed with (Python 3.11, Linux x86_64), beside the ranges in pyproject.toml.",
         "# Install: pip install -r requirements.lock && pip install --no-deps -e .   (or: make install-locked)",

@@ -31,7 +31,10 @@ WORDS = {
     ],
     "elastic": [r"\belastic\b"],
     "folder": [r"imagefolder", r"folder\.(?:yaml|py|md)\b", r"\w/folder\b", r"\.folder\.data\b"],
-    "track": [r"mlflow", r"\btrack\b", r"StepProfiler", r"PyTorchProfiler", r"profiler\.py", r"profile\.yaml"],
+    "track": [
+        *[r"mlflow", r"wandb", r"weights & biases", r"\bW&B\b", r"\btrack\b"],
+        *[r"StepProfiler", r"PyTorchProfiler", r"profiler\.py", r"profile\.yaml"],
+    ],
     "notebooks": [r"notebook", r"ipynb", r"nbmake", r"ipykernel", r"nbformat"],
 }
 # A feature that works with another may name it in its own files: serve answers for exported ONNX files (and

@@ -8,6 +8,7 @@ import torch
 from PIL import Image
 
 from project.cli import cli_main
+from project.data import DataError
 from project.folder.data import FileDataset, FolderDataError, ImageFolderDataModule
 from tests.conftest import ROOT, synthetic_digits
 
@@ -162,3 +163,26 @@ def test_folder_errors_are_clear(tmp_path):
         ImageFolderDataModule(root=str(bad)).setup("fit")
     with pytest.raises(ValueError, match=r"data\.root is not set"):
         ImageFolderDataModule()
+
+
+def test_folds_of_a_folder_are_stratified_and_disjoint_and_val_is_then_the_test_split(tmp_path):
+    root = write_classes(tmp_path / "a", per_class=10)
+    parts = []
+    for fold in range(3):
+        dm = ImageFolderDataModule(root=str(root), num_folds=3, fold=fold)
+        dm.setup("fit")
+        train, val = dm.splits["train"].indices, dm.splits["val"].indices
+        assert not set(train) & set(val) and len(train) + len(val) == 30
+        labels = dm.splits["val"].dataset.labels[val]
+        assert torch.bincount(labels, minlength=3).tolist() in ([3, 3, 4], [3, 4, 3], [4, 3, 3], [4, 3, 3])
+        parts += val
+    assert sorted(parts) == list(range(30))
+    given = tmp_path / "b"
+    write_classes(given / "train", per_class=10)
+    write_classes(given / "val", per_class=4, seed=5)
+    dm = ImageFolderDataModule(root=str(given), num_folds=5, fold=4)
+    dm.setup("fit")
+    assert (len(dm.splits["train"]), len(dm.splits["val"]), len(dm.splits["test"])) == (24, 6, 12)
+    few = ImageFolderDataModule(root=str(write_classes(tmp_path / "c", per_class=2)), num_folds=3)
+    with pytest.raises(DataError, match=r"data.num_folds=3 needs at least 3 images of every class.*'cat' has 2"):
+        few.setup("fit")

@@ -64,6 +64,100 @@ def test_the_profile_recipe_as_shipped_writes_and_prints_the_slowest_ops(tmp_pat
     assert "aten::conv" in printed.out + printed.err
 
 
+def wandb_records(path: Path) -> list:
+    """The records of an offline W&B run's file, ``run-<id>.wandb``: W&B's own protobuf ``Record`` messages, framed
+    as a LevelDB log (a 7-byte header, then 32 KiB blocks of chunks ``crc32c:4 length:2 (LE) type:1 data``; type 1
+    is a whole record, 2/3/4 its first/middle/last part). wandb >= 0.18 ships no Python reader of its own."""
+    from wandb.proto import wandb_internal_pb2
+
+    data, block = path.read_bytes(), 32768
+    assert data[:4] == b":W&B", f"{path} is not a W&B run file"
+    records, pending, pos = [], b"", 7
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # too little left in this block for a chunk header: zero padding
+            pos += block - pos % block
+            continue
+        length, kind = int.from_bytes(data[pos + 4 : pos + 6], "little"), data[pos + 6]
+        pending += data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            records.append(record)
+            pending = b""
+    return records
+
+
+def test_wandb_overlay_runs_offline_without_network_and_its_run_reads_back(mnist_dir, tmp_path, monkeypatch):
+    wandb = pytest.importorskip("wandb", reason="the wandb extra is not installed: pip install -e '.[wandb]'")
+    from project.cli import cli_main
+    from tests.conftest import small_run
+
+    monkeypatch.chdir(tmp_path)
+    for key in ("WANDB_MODE", "WANDB_API_KEY", "NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(key, raising=False)
+    for key in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):  # not the user's ~/.config/wandb
+        monkeypatch.setenv(key, str(tmp_path / "home"))
+    # Any HTTP(S) that W&B's service process (wandb-core) tried would go to this loopback listener, and be counted.
+    trap = socket.create_server(("127.0.0.1", 0))
+    trap.setblocking(False)
+    url = f"http://127.0.0.1:{trap.getsockname()[1]}"
+    for key in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy", "WANDB_BASE_URL"):
+        monkeypatch.setenv(key, url)
+    # And in this process: every connection and name lookup that would leave the machine.
+    tried = []
+    connect, getaddrinfo = socket.socket.connect, socket.getaddrinfo
+
+    def guarded_connect(sock, address):
+        if sock.family in (socket.AF_INET, socket.AF_INET6) and address[0] not in ("127.0.0.1", "::1", "localhost"):
+            tried.append(address)
+        return connect(sock, address)
+
+    def guarded_getaddrinfo(host, *args, **kwargs):
+        if host not in (None, "127.0.0.1", "::1", "localhost"):
+            tried.append(host)
+        return getaddrinfo(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket.socket, "connect", guarded_connect)
+    monkeypatch.setattr(socket, "getaddrinfo", guarded_getaddrinfo)
+    options = [a for a in small_run(mnist_dir, tmp_path) if "save_dir" not in a]  # it would name W&B's folder
+    try:
+        cli = cli_main(
+            [
+                "fit",
+                "--config",
+                str(ROOT / "configs" / "wandb.yaml"),
+                *options,
+                "--trainer.max_epochs=2",
+                "--test_after_fit=false",
+            ]
+        )
+    finally:
+        wandb.teardown()  # stops the wandb-core process this fit started
+        with contextlib.suppress(BlockingIOError):
+            tried.append(trap.accept()[1])
+        trap.close()
+    assert tried == [], f"W&B tried the network: {tried}"
+    run = Path(cli.trainer.log_dir)
+    files = list(run.glob("wandb/offline-run-*/run-*.wandb"))
+    assert len(files) == 1, sorted(str(p.relative_to(run)) for p in run.rglob("*"))  # in the TensorBoard run's folder
+    records = wandb_records(files[0])
+    config = {
+        item.key: json.loads(item.value_json) for r in records if r.HasField("config") for item in r.config.update
+    }
+    assert config["trainer"]["max_epochs"] == 2 and config["data"]["init_args"]["batch_size"] == 32
+    assert config["model"]["net"]["class_path"] == "project.net.CNN"
+    history = [
+        {(item.key or "/".join(item.nested_key)): json.loads(item.value_json) for item in r.history.item}
+        for r in records
+        if r.HasField("history")
+    ]
+    val_acc = [h["val/acc"] for h in history if "val/acc" in h]
+    assert len(val_acc) == 2 and val_acc[-1] == pytest.approx(float(cli.trainer.callback_metrics["val/acc"]))
+    names = [r.run.display_name for r in records if r.HasField("run")]
+    assert names and names[0] == f"mnist/{run.name}"
+
+
 mlflow = pytest.importorskip("mlflow", reason="the track extra is not installed: pip install -e '.[track]'")
 
 

@@ -10,7 +10,7 @@ from PIL import Image
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from project.data import DataError, InMemoryDataset, keep_batch, random_shift_rotate
+from project.data import DataError, InMemoryDataset, check_folds, fold_indices, keep_batch, random_shift_rotate
 from project.images import IMAGE_SUFFIXES, list_files
 
 
@@ -55,6 +55,10 @@ class ImageFolderDataModule(L.LightningDataModule):
         num_workers: DataLoader worker processes (useful only when the images are read from disk).
         val_fraction: Share of the images held out for validation when there is no ``val/`` folder.
         seed: Seed of the train/val split.
+        num_folds: Split the training images (``root``, or ``root/train``) into this many stratified, seeded,
+            disjoint parts and validate on part ``fold`` (``python -m project cv``); ``root/val``, if there, is then
+            the test split. ``None``: the ``val_fraction`` split.
+        fold: Which part validates, ``0`` to ``num_folds - 1``.
         in_memory: ``"auto"`` decodes every image once into one uint8 tensor when that takes at most
             ``max_memory_mb``, else reads files per batch; ``True`` / ``False`` force either.
         max_memory_mb: The memory the decoded images may take on the in-memory path.
@@ -74,6 +78,8 @@ class ImageFolderDataModule(L.LightningDataModule):
         num_workers: int = 0,
         val_fraction: float = 0.1,
         seed: int = 42,
+        num_folds: int | None = None,
+        fold: int = 0,
         in_memory: bool | Literal["auto"] = "auto",
         max_memory_mb: int = 2048,
         augment: bool = False,
@@ -86,11 +92,13 @@ class ImageFolderDataModule(L.LightningDataModule):
             raise ValueError(f"data.val_fraction must be between 0 and 1, got {val_fraction}.")
         if image_size < 4 or batch_size < 1:
             raise ValueError(f"data.image_size must be >= 4 and data.batch_size >= 1, got {image_size}, {batch_size}.")
+        check_folds(num_folds, fold)
         self.save_hyperparameters()
         self.root = Path(root)
         self.image_size, self.channels = image_size, channels
         self.batch_size, self.num_workers = batch_size, num_workers
         self.val_fraction, self.seed = val_fraction, seed
+        self.num_folds, self.fold = num_folds, fold
         self.in_memory, self.max_memory_mb, self.augment = in_memory, max_memory_mb, augment
         self.splits: dict[str, Dataset] = {}
         self.mean = torch.zeros(channels)
@@ -205,7 +213,13 @@ class ImageFolderDataModule(L.LightningDataModule):
                 datasets[split] = InMemoryDataset(images, targets)
             else:
                 datasets[split] = FileDataset(files, torch.tensor(labels), self.image_size, self.channels)
-        if "all" in datasets:
+        test = None
+        if self.num_folds is not None:
+            full = datasets.pop("all") if "all" in datasets else datasets.pop("train")
+            test = datasets.pop("val", None)  # root/val: left out of the folds, it is the test split
+            train, val = fold_indices(full.labels, self.num_folds, self.fold, self.seed, self.class_names)
+            datasets["train"], datasets["val"] = Subset(full, train.tolist()), Subset(full, val.tolist())
+        elif "all" in datasets:
             full = datasets.pop("all")
             generator = torch.Generator().manual_seed(self.seed)
             order = torch.randperm(len(full), generator=generator).tolist()
@@ -213,7 +227,8 @@ class ImageFolderDataModule(L.LightningDataModule):
             if n_val >= len(full):
                 raise FolderDataError(f"data.root: {len(full)} image(s) are too few to hold out a validation split.")
             datasets["train"], datasets["val"] = Subset(full, order[n_val:]), Subset(full, order[:n_val])
-        self.splits = {**datasets, "test": datasets["val"], "predict": datasets["val"]}
+        test = datasets["val"] if test is None else test
+        self.splits = {**datasets, "test": test, "predict": datasets["val"]}
         self._measure_normalisation(datasets["train"])
         if self.skipped:
             shown = "; ".join(f"{p}: {why}" for p, why in self.skipped[:5])

@@ -1,5 +1,6 @@
-"""Tracking and profiling a run: MLflow beside TensorBoard (``mlflow.py``), a short profiled fit (``profiler.py``).
+"""Tracking and profiling a run: MLflow (``mlflow.py``) or W&B (``wandb.py``) beside TensorBoard, a profiled fit.
 
-No command of its own: ``--config configs/mlflow.yaml`` or ``--config configs/profile.yaml``. Its extra is ``track``,
-its tests ``tests/test_track.py``; its cost is a variant of ``benchmarks/monitors.py``.
+No command of its own: ``--config configs/mlflow.yaml``, ``configs/wandb.yaml`` or ``configs/profile.yaml``
+(``profiler.py``). Its extras are ``track`` (MLflow) and ``wandb``, its tests ``tests/test_track.py``; its cost is a
+variant of ``benchmarks/monitors.py``.
 """

@@ -1,0 +1,158 @@
+"""k-fold cross-validation: K fits of one config, fold i validating on the i-th of K stratified parts of the data.
+
+    python -m project cv --folds 5 [--test] [fit options]
+
+Fold i is ``fit --data.num_folds K --data.fold i`` (the DataModule splits its training set into K stratified, seeded,
+disjoint parts and validates on part i; the test set stays untouched), a run of its own in
+``<save_dir>/<name>/cv_<n>/fold_<i>/``. At the end a table, and ``cv_<n>/summary.json``: each fold's best
+``val/acc`` with its ``val/loss`` (and, with ``--test``, the test accuracy of the fold's best checkpoint), their mean
+and standard deviation. The same command again continues the cross-validation it started: finished folds are kept,
+an interrupted one resumes from its ``last.ckpt``.
+"""
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.loggers import TensorBoardLogger
+
+from project.cli import HelpFormatter
+
+# What a fold reports: its best epoch's validation metrics, and the test metric of its best checkpoint.
+VAL_ACC, VAL_LOSS, TEST_ACC = "val/acc", "val/loss", "test/acc"
+
+
+class FoldHistory(L.Callback):
+    """Each epoch's ``val/acc`` and ``val/loss``, kept in the checkpoints so that a resumed fold still has them."""
+
+    def __init__(self) -> None:
+        self.epochs: list[dict[str, float]] = []
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        metrics = trainer.callback_metrics
+        if not trainer.sanity_checking and VAL_ACC in metrics:
+            epoch = {"epoch": trainer.current_epoch, VAL_ACC: float(metrics[VAL_ACC])}
+            if VAL_LOSS in metrics:
+                epoch[VAL_LOSS] = float(metrics[VAL_LOSS])
+            self.epochs = [e for e in self.epochs if e["epoch"] != epoch["epoch"]] + [epoch]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epochs": self.epochs}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.epochs = list(state_dict["epochs"])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """cv's own options; everything else on the command line is a ``fit`` option."""
+    parser = argparse.ArgumentParser(prog="python -m project cv", description=__doc__, formatter_class=HelpFormatter)
+    parser.add_argument("--folds", type=int, required=True, help="K: the number of folds, at least 2")
+    parser.add_argument("--test", action="store_true", help="also test each fold's best checkpoint on the test set")
+    return parser
+
+
+def cv_folder(root: Path, command: dict[str, Any]) -> Path:
+    """The unfinished ``root/cv_<n>`` this same command started (to continue it), else the next free ``cv_<n>``."""
+    n = 0
+    while (root / f"cv_{n}").exists():
+        folder = root / f"cv_{n}"
+        started = folder / "cv.json"
+        if started.is_file() and json.loads(started.read_text()) == command and not (folder / "summary.json").exists():
+            return folder
+        n += 1
+    return root / f"cv_{n}"
+
+
+def fold_result(cli: Any, fold: int, history: FoldHistory, seconds: float) -> dict[str, Any]:
+    """What one finished fold reports: its best epoch (by ``val/acc``), its best checkpoint and, if run, its test."""
+    if not history.epochs:
+        raise RuntimeError(f"fold {fold} logged no {VAL_ACC}: did it validate (trainer.limit_val_batches > 0)?")
+    best = max(history.epochs, key=lambda e: e[VAL_ACC])
+    checkpoint = cli.trainer.checkpoint_callback
+    result = {"fold": fold, **best, "epochs": len(history.epochs), "seconds": round(seconds, 1)}
+    result["checkpoint"] = checkpoint.best_model_path if checkpoint is not None else ""
+    if TEST_ACC in cli.trainer.callback_metrics:
+        result[TEST_ACC] = float(cli.trainer.callback_metrics[TEST_ACC])
+    return result
+
+
+def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The folds' results with the mean and the (sample) standard deviation of each metric."""
+    summary: dict[str, Any] = {"folds": results}
+    for key in (VAL_ACC, VAL_LOSS, TEST_ACC):
+        values = [r[key] for r in results if key in r]
+        if len(values) == len(results):
+            summary[key] = {"mean": statistics.mean(values), "std": statistics.stdev(values)}
+    return summary
+
+
+def table(summary: dict[str, Any]) -> str:
+    """The folds as rows, then mean ± std."""
+    keys = [k for k in (VAL_ACC, VAL_LOSS, TEST_ACC) if k in summary]
+    lines = ["fold | " + " | ".join(f"{k:>8}" for k in keys) + " | epochs | best checkpoint"]
+    for r in summary["folds"]:
+        values = " | ".join(f"{r[k]:8.4f}" for k in keys)
+        lines.append(f"{r['fold']:4} | {values} | {r['epochs']:6} | {r['checkpoint']}")
+    lines.append("mean | " + " | ".join(f"{summary[k]['mean']:8.4f}" for k in keys))
+    lines.append(" std | " + " | ".join(f"{summary[k]['std']:8.4f}" for k in keys))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run (or continue) the cross-validation; return its summary."""
+    parser = build_parser()
+    args, fit_args = parser.parse_known_args(argv)
+    if args.folds < 2:
+        parser.error(f"--folds {args.folds}: a cross-validation needs at least 2 folds.")
+    taken = [a for a in fit_args if a.split("=", 1)[0] in ("--data.num_folds", "--data.fold", "--ckpt_path")]
+    if taken:
+        parser.error(f"{', '.join(taken)}: cv sets the folds and resumes its own folds; leave them out.")
+    from project.lightning_cli import USER_ERRORS, run
+
+    folds = [f"--data.num_folds={args.folds}", "--test_after_fit=" + str(args.test).lower()]
+    # Every option checked and the first fold's split made before any training: a bad value or too few images of
+    # a class is one error now, not after K-1 fits.
+    probe = run([*fit_args, *folds, "--data.fold=0"], subcommand=False)
+    board = probe.trainer.loggers[0] if probe.trainer.loggers else None
+    if not isinstance(board, TensorBoardLogger):
+        parser.error("cv keeps each fold as a TensorBoard run: trainer.logger must be (or start with) one.")
+    try:
+        probe.datamodule.setup("fit")
+    except USER_ERRORS as exc:
+        parser.error(str(exc))
+    root, name = Path(board.save_dir), board.name
+    del probe
+
+    command = {"folds": args.folds, "test": args.test, "fit": fit_args}
+    folder = cv_folder(root / name, command)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "cv.json").write_text(json.dumps(command, indent=2) + "\n")
+    results = []
+    for fold in range(args.folds):
+        done = folder / f"fold_{fold}" / "result.json"
+        if done.is_file():
+            print(f"cv: fold {fold} of {args.folds} finished before: {done}")
+            results.append(json.loads(done.read_text()))
+            continue
+        fit = ["fit", *fit_args, *folds, f"--data.fold={fold}"]
+        last = folder / f"fold_{fold}" / "checkpoints" / "last.ckpt"
+        if last.is_file():
+            print(f"cv: fold {fold} of {args.folds} was interrupted: resuming it from {last}")
+            fit.append(f"--ckpt_path={last}")
+        else:
+            print(f"cv: fold {fold} of {args.folds}")
+        history, start = FoldHistory(), time.perf_counter()
+        cli = run(fit, callbacks=[history], run_folder=(f"{name}/{folder.name}", f"fold_{fold}"))
+        result = fold_result(cli, fold, history, time.perf_counter() - start)
+        done.write_text(json.dumps(result, indent=2) + "\n")
+        results.append(result)
+        del cli
+    summary = {"command": command, **summarize(results)}
+    (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(table(summary))
+    print(f"cv: {folder / 'summary.json'}")
+    return summary

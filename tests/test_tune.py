@@ -234,13 +234,24 @@ def test_the_dashboard_serves_a_study_s_trials_over_http(tmp_path):
 @pytest.mark.slow  # two tune processes started together, one SIGKILLed mid-trial and started again at once: ~60 s
 def test_a_killed_study_restarted_at_once_retries_the_killed_trial_and_never_repeats_a_point(mnist_dir, tmp_path):
     storage = f"sqlite:///{tmp_path / 'kill.db'}"
-    slow = ["--trainer.callbacks+=tests.slow_steps.SlowSteps", f"--trainer.callbacks.folder={tmp_path / 'p'}"]
-    slow += ["--trainer.callbacks.seconds=0.3", "--trials=5"]  # the default heartbeat: stale only after 120 s
-    victim, other = (tune_process(tmp_path, mnist_dir, storage, "shared", *slow) for _ in range(2))
+
+    def slow(folder: str) -> list[str]:  # the default heartbeat: stale only after 120 s
+        steps = ["--trainer.callbacks+=tests.slow_steps.SlowSteps", f"--trainer.callbacks.folder={tmp_path / folder}"]
+        return [*steps, "--trainer.callbacks.seconds=0.3", "--trials=5"]
+
+    victim = tune_process(tmp_path, mnist_dir, storage, "shared", *slow("victim"))
+    other = tune_process(tmp_path, mnist_dir, storage, "shared", *slow("other"))
+    progress = tmp_path / "victim" / "rank0.txt"  # "<pid> <global step>" after each step of the victim's trial
     try:
         deadline = time.monotonic() + 180
-        while True:  # one trial finished and the victim running the next one: kill it there
+        while True:  # one trial finished and the victim early in the next one: kill it there
             assert victim.poll() is None and time.monotonic() < deadline, victim.communicate()[0][-2000:]
+            # Steps 1-2 of 4 in its first epoch: >= 0.9 s of sleeps before the trial can report, be pruned or end,
+            # so it is still running when the SIGKILL lands (later, a loaded machine could see it finish first).
+            step = int(progress.read_text().split()[1]) if progress.exists() else 0
+            if step not in (1, 2):
+                time.sleep(0.05)
+                continue
             try:
                 trials = optuna.load_study(study_name="shared", storage=storage).trials
             except KeyError:
@@ -254,7 +265,7 @@ def test_a_killed_study_restarted_at_once_retries_the_killed_trial_and_never_rep
         victim.wait()
         killed = mine[0].number
         before = {t.number: t.value for t in trials if t.state.name == "COMPLETE"}
-        again = tune_process(tmp_path, mnist_dir, storage, "shared", *slow)  # at once, as a scheduler would
+        again = tune_process(tmp_path, mnist_dir, storage, "shared", *slow("again"))  # at once, as a scheduler would
         out = again.communicate(timeout=300)[0]
         assert again.returncode == 0, out[-3000:]
         other_out = other.communicate(timeout=300)[0]

@@ -329,7 +329,7 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--digits", type=int, default=1000, help="distinct test digits the requests cycle through")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 64])
     parser.add_argument("--batch_sizes", type=int, nargs="+", default=[1, 8, 32], help="serve --max_batch_size")
-    parser.add_argument("--batch_timeout", type=float, default=0.002, help="serve --batch_timeout (seconds)")
+    parser.add_argument("--batch_timeout", type=float, default=0.001, help="serve --batch_timeout (seconds)")
     parser.add_argument("--worker_nice", type=int, nargs="+", default=[10], help="serve --worker_nice (each value)")
     models = ["torch"]
     models += ["onnx", "onnx-int8"]  # [export]

@@ -113,6 +113,29 @@ def trained_ckpt(mnist_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     return path
 
 
+@pytest.fixture(scope="session")
+def mnist_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The best checkpoint of one epoch of the default recipe on the real MNIST ($PATH_DATASETS), for slow tests.
+
+    No skip when the data is absent: the fit then fails with the data module's error that says how to provide it.
+    """
+    logs = tmp_path_factory.mktemp("mnist") / "logs"
+    cli = cli_main(
+        [
+            "fit",
+            "--config",
+            DEFAULT_CONFIG,
+            "--trainer.max_epochs=1",
+            f"--trainer.logger.init_args.save_dir={logs}",
+            "--trainer.enable_model_summary=false",
+            "--test_after_fit=false",
+        ]
+    )
+    path = Path(cli.trainer.checkpoint_callback.best_model_path)
+    assert path.is_file()
+    return path
+
+
 @pytest.fixture
 def lightning_log():
     """The messages Lightning's rank-zero logger emits during the test (the CLI's console lines), after filters."""

@@ -1,4 +1,6 @@
 import csv
+import io
+import os
 from pathlib import Path
 
 import numpy as np
@@ -6,8 +8,8 @@ import pytest
 import torch
 from PIL import Image, ImageDraw
 
-from project.data import MNISTDataError, MNISTDataModule
-from project.images import load_folder, mnist_style
+from project.data import MNISTDataError, MNISTDataModule, load_split
+from project.images import load_folder, mnist_style, prepare_image
 
 
 def drawn_seven(size: tuple[int, int] = (64, 64), dark_on_light: bool = True, mode: str = "RGB") -> Image.Image:
@@ -29,7 +31,13 @@ def centre_of_mass(x: torch.Tensor) -> tuple[float, float]:
 
 @pytest.mark.parametrize(
     ("size", "dark_on_light", "mode"),
-    [((64, 64), True, "RGB"), ((300, 180), True, "L"), ((50, 90), False, "RGB"), ((64, 64), True, "RGBA")],
+    [
+        ((64, 64), True, "RGB"),
+        ((300, 180), True, "L"),
+        ((50, 90), False, "RGB"),
+        ((64, 64), True, "RGBA"),
+        ((28, 28), False, "L"),  # MNIST's size and polarity, but off-centre: not left as it is
+    ],
 )
 def test_mnist_style_is_white_on_black_20px_and_centred(size, dark_on_light, mode):
     x = mnist_style(drawn_seven(size, dark_on_light, mode))
@@ -39,7 +47,28 @@ def test_mnist_style_is_white_on_black_20px_and_centred(size, dark_on_light, mod
     cols = torch.nonzero(x.amax(dim=0) > 50).flatten()
     assert max(rows[-1] - rows[0] + 1, cols[-1] - cols[0] + 1) in (19, 20, 21)
     cy, cx = centre_of_mass(x)
-    assert abs(cy - 13.5) <= 1 and abs(cx - 13.5) <= 1
+    assert abs(cy - 14) <= 0.5 and abs(cx - 14) <= 0.5  # where MNIST's digits have theirs (images.mnist_style)
+
+
+def png(x: torch.Tensor) -> io.BytesIO:
+    buf = io.BytesIO()
+    Image.fromarray(x.numpy()).save(buf, format="PNG")
+    buf.seek(0)
+    return buf
+
+
+@pytest.mark.parametrize("size", [(64, 64), (300, 180), (50, 90)])
+def test_a_prepared_digit_prepared_again_is_unchanged(size):
+    x = mnist_style(drawn_seven(size))
+    assert torch.equal(prepare_image(png(x)), x)
+
+
+@pytest.mark.slow  # the real MNIST ($PATH_DATASETS)
+def test_mnist_test_digits_as_png_files_are_prepared_into_the_tensors_the_network_was_tested_on():
+    """No training/serving skew: a test digit sent as a file reaches the network as ``test`` gives it (issue 25)."""
+    images, _ = load_split(Path(os.environ.get("PATH_DATASETS", "data")) / "MNIST" / "raw", "t10k")
+    changed = [i for i, x in enumerate(images) if not torch.equal(prepare_image(png(x)), x)]
+    assert not changed, f"{len(changed)} of {len(images)} test digits changed, the first {changed[:10]}"
 
 
 def test_dark_on_light_and_light_on_dark_agree():

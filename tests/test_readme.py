@@ -72,6 +72,11 @@ def test_the_readme_layout_names_every_module_and_only_those():
     present = {p.name for p in package.glob("*.py") if not p.name.startswith("__")}
     present |= {f"{feature}/" for feature in FEATURES}
     assert shown == present, f"missing from the README: {present - shown}; not in project/: {shown - present}"
+    for feature, line in re.findall(r"^  (\w+)/ +(.*)$", tree, flags=re.M):  # the files a feature's line names
+        for name in re.findall(r"\b\w+\.py\b", line):
+            assert (package / feature / name).is_file(), f"the README names {feature}/{name}, not in {package.name}/"
+    for entry in re.findall(r"^([\w.-]+/?) ", tree, flags=re.M):  # the top-level folders and files
+        assert (ROOT / entry).exists(), f"the README's layout shows {entry}, which does not exist"
 
 
 @pytest.mark.parametrize("command", documented_commands())

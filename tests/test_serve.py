@@ -4,8 +4,10 @@ import base64
 import contextlib
 import http.client
 import io
+import itertools
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -225,6 +227,196 @@ def test_a_bad_request_in_a_batch_does_not_fail_the_good_ones(server, trained_ck
         else:
             assert status == 200, answer
             assert torch.allclose(torch.tensor(answer["probs"]), reference[answer["file"]], atol=1e-5)
+
+
+def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """``GET /metrics``, parsed: {(sample name, sorted labels): value}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"{url}/metrics") as r:
+        assert r.headers["Content-Type"].startswith("text/plain; version=")  # the exposition format
+        text = r.read().decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def test_metrics_count_requests_by_route_and_code_refusals_by_reason_and_batch_sizes(server):
+    """Counts before and after a few good and bad requests (the module's server has answered others before)."""
+    before = scrape(server)
+    files = digit_files(3)
+    for name, data in files:
+        assert post_file(server, data, name)[0] == 200
+    cases = {case[0]: case for case in bad_requests()}
+    for what in ("blank image", "blank image", "not JSON", "unknown content type"):
+        _, body, content_type, status, _ = cases[what]
+        assert post(server, body, content_type)[0] == status
+    with urllib.request.urlopen(f"{server}/info") as r:
+        assert r.status == 200
+    after = scrape(server)
+
+    def grew(name: str, **labels: str) -> float:
+        key = (name, tuple(sorted(labels.items())))
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    assert grew("serve_requests_total", route="/predict", code="200") == 3
+    assert grew("serve_requests_total", route="/predict", code="422") == 2
+    assert grew("serve_requests_total", route="/predict", code="400") == 1
+    assert grew("serve_requests_total", route="/predict", code="415") == 1
+    assert grew("serve_requests_total", route="/info", code="200") == 1
+    assert grew("serve_requests_total", route="/metrics", code="200") == 1  # the first scrape
+    assert grew("serve_refused_images_total", reason="blank_image") == 2
+    assert grew("serve_refused_images_total", reason="bad_json") == 1
+    assert grew("serve_refused_images_total", reason="content_type") == 1
+    assert grew("serve_request_seconds_count", route="/predict") == 7
+    assert 0 < grew("serve_request_seconds_sum", route="/predict") < 7 * 5
+    assert grew("serve_request_seconds_bucket", route="/predict", le="+Inf") == 7
+    # One request at a time: three batches of one image each.
+    assert grew("serve_batch_size_count") == 3 and grew("serve_batch_size_sum") == 3
+    assert grew("serve_batch_size_bucket", le="1.0") == 3
+    assert 0 < after[("serve_model_load_seconds", ())] < 120
+
+
+def test_the_page_is_one_self_contained_html_file(server):
+    with urllib.request.urlopen(f"{server}/") as r:
+        assert r.status == 200 and r.headers["Content-Type"].startswith("text/html")
+        html = r.read().decode()
+    assert '<canvas id="pad"' in html and 'fetch("predict"' in html
+    # Nothing from another host: no absolute URL in any src, href, import or fetch (the server may run offline).
+    assert not re.search(r"""(src|href|import|fetch)\s*[=(]\s*["']?(https?:)?//""", html), "an external resource"
+
+
+CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")  # Debian's chromium-driver
+
+
+@contextlib.contextmanager
+def browser() -> Iterator:
+    """Headless Chromium driven by Selenium, with no download or call out of the machine (no Selenium Manager)."""
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed: pip install selenium")
+    if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
+        pytest.skip(f"no {CHROMIUM} or {CHROMEDRIVER}: apt-get install chromium chromium-driver")
+    os.environ["SE_AVOID_STATS"] = "true"
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=900,700"):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=webdriver.ChromeService(executable_path=str(CHROMEDRIVER)), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def stroke(driver, points: list[tuple[int, int]], touch: bool = False) -> None:
+    """One pointer stroke through ``points`` (canvas pixels from its top left), by mouse or by a finger."""
+    from selenium.webdriver.common.actions import interaction
+    from selenium.webdriver.common.actions.action_builder import ActionBuilder
+    from selenium.webdriver.common.actions.pointer_input import PointerInput
+
+    pad = driver.find_element("id", "pad")
+    half = pad.size["width"] // 2, pad.size["height"] // 2  # W3C actions measure from the element's centre
+    kind = interaction.POINTER_TOUCH if touch else interaction.POINTER_MOUSE
+    actions = ActionBuilder(driver, mouse=PointerInput(kind, "finger" if touch else "mouse"))
+    actions.pointer_action.move_to(pad, points[0][0] - half[0], points[0][1] - half[1]).pointer_down()
+    for (x0, y0), (x1, y1) in itertools.pairwise(points):
+        for t in (0.25, 0.5, 0.75, 1.0):  # pointermove events along the way, as a hand makes them
+            x, y = x0 + t * (x1 - x0), y0 + t * (y1 - y0)
+            actions.pointer_action.move_to(pad, round(x) - half[0], round(y) - half[1])
+    actions.pointer_action.pointer_up()
+    actions.perform()
+
+
+def shown(driver, answers: int) -> dict:
+    """What the page shows once it has had ``answers`` answers in all."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    WebDriverWait(driver, 30).until(
+        lambda d: d.find_element("tag name", "body").get_attribute("data-answers") == str(answers)
+    )
+    text = lambda element_id: driver.find_element("id", element_id).text  # noqa: E731
+    return {
+        "state": driver.find_element("tag name", "body").get_attribute("data-state"),
+        "answer": text("answer"),
+        "prob": text("prob"),
+        "runners": [li.text for li in driver.find_elements("css selector", "#runners li")],
+        "message": text("message"),
+    }
+
+
+@pytest.mark.slow  # one epoch on the real MNIST, a server and a browser: ~40 s
+def test_the_page_in_a_real_browser_draws_drops_clears_and_shows_the_blank_message(mnist_ckpt, tmp_path):
+    from project.data import load_split
+
+    with browser() as driver:
+        proc, url = start_server(f"--ckpt_path={mnist_ckpt}", "--workers=1")
+        try:
+            with urllib.request.urlopen(f"{url}/info") as r:
+                names = json.load(r)["model"]["class_names"]  # "0 - zero", ...: what the page shows
+            driver.get(f"{url}/")
+            assert driver.title == "Draw a digit"
+            stroke(driver, [(140, 45), (140, 235)])  # a "1", by mouse
+            one = shown(driver, 1)
+            assert one["state"] == "answered" and one["answer"] == names[1], one
+            assert re.fullmatch(r"\d+\.\d%", one["prob"]) and len(one["runners"]) == 3, one
+            driver.find_element("id", "clear").click()
+            assert (
+                shown(driver, 1)["answer"] == ""
+                and driver.find_element("tag name", "body").get_attribute("data-state") == "idle"
+            )
+            stroke(driver, [(70, 55), (210, 55), (125, 240)], touch=True)  # a "7", by a finger, one stroke
+            seven = shown(driver, 2)
+            assert seven["state"] == "answered" and seven["answer"] == names[7], seven
+
+            driver.find_element("id", "clear").click()
+            driver.find_element("id", "predict").click()  # nothing drawn
+            blank = shown(driver, 3)
+            assert blank["state"] == "refused" and "blank image: no ink found" in blank["message"], blank
+            assert blank["answer"] == ""
+
+            # MNIST test digits as PNG files: one chosen in the file input, one dropped on the page.
+            images, labels = load_split(Path(os.environ["PATH_DATASETS"]) / "MNIST" / "raw", "t10k")
+            files = []
+            for i in (0, 1):
+                path = tmp_path / f"test{i}.png"
+                Image.fromarray(images[i].numpy()).save(path)
+                files.append(path)
+                status, answer = post_file(url, path.read_bytes(), path.name)
+                assert status == 200 and answer["pred"] == int(labels[i]), answer
+            driver.find_element("id", "file").send_keys(str(files[0]))
+            assert shown(driver, 4)["answer"] == names[labels[0]]
+            encoded = base64.b64encode(files[1].read_bytes()).decode()
+            driver.execute_script(
+                """const bytes = Uint8Array.from(atob(arguments[0]), c => c.charCodeAt(0));
+                const transfer = new DataTransfer();
+                transfer.items.add(new File([bytes], "test1.png", { type: "image/png" }));
+                for (const type of ["dragover", "drop"])
+                  document.dispatchEvent(new DragEvent(type, { dataTransfer: transfer, bubbles: true }));""",
+                encoded,
+            )
+            assert shown(driver, 5)["answer"] == names[labels[1]]
+
+            logs = driver.get_log("browser")
+            # The one error a browser logs: the blank canvas's 422, which the page shows as the server's message.
+            errors = [e for e in logs if e["level"] == "SEVERE" and "status of 422" not in e["message"]]
+            assert not errors, errors
+            assert sum("status of 422" in e["message"] for e in logs) == 1  # the console is read: it saw that one
+        finally:
+            stop(proc)
+
+
+@pytest.mark.slow  # a server of its own: ~10 s
+def test_no_page_leaves_an_api_only_server(trained_ckpt):
+    proc, url = start_server(f"--ckpt_path={trained_ckpt}", "--workers=1", "--no-page")
+    try:
+        with urllib.request.urlopen(f"{url}/") as r:
+            assert b"<canvas" not in r.read()  # LitServe's own text
+        name, data = digit_files(1)[0]
+        assert post_file(url, data, name)[0] == 200
+    finally:
+        stop(proc)
 
 
 def test_the_inference_worker_runs_below_the_http_servers_cpu_priority(server_process):

@@ -7,8 +7,9 @@ prepared images, waiting at most ``--batch_timeout`` seconds for the batch to fi
 batch).
 
 Routes: ``POST /predict`` (multipart ``file``, JSON ``{"image": "<base64>"}`` or the raw image bytes),
-``GET /health`` (200 while an inference worker answers: its model loaded, its heartbeat fresh) and ``GET /info``
-(the model, checkpoint and classes served).
+``GET /health`` (200 while an inference worker answers: its model loaded, its heartbeat fresh), ``GET /info``
+(the model, checkpoint and classes served), ``GET /metrics`` (Prometheus: ``project.serve.metrics``) and ``GET /``
+(a page to draw a digit on, ``project/serve/page.html``; ``--no-page`` leaves LitServe's own text there).
 Images are prepared by ``project/images.py``, the code ``predict --data.predict_dir`` runs, so a file gets the same
 answer from both. SIGTERM (``docker stop``, systemd, Kubernetes) and SIGINT (Ctrl-C, which the terminal sends to every
 process of the group) stop accepting, answer what is in flight and exit 0; only the main process acts on them.
@@ -35,6 +36,7 @@ import numpy as np
 # Not `from __future__ import annotations`: LitServe hands decode_request's annotation to FastAPI as an object.
 from fastapi import Depends, HTTPException, Request
 from starlette.requests import ClientDisconnect
+from starlette.routing import Route
 
 from project.cli import HelpFormatter
 from project.images import BlankImage, ImageTooLarge, prepare_image
@@ -47,6 +49,8 @@ try:
 except ImportError as exc:  # an optional extra
     raise ImportError("`serve` needs LitServe: pip install -e '.[serve]'") from exc
 
+from project.serve.metrics import CountRequests, ModelLoadTime, metrics, metrics_folder, scrape
+from project.serve.page import page
 from project.serve.reuse_port import BALANCES, SocketPerServer
 from project.serve.zmq_answers import ZMQAnswers
 
@@ -118,13 +122,14 @@ async def read_image_request(request: Request) -> dict[str, Any]:
     limits = request.app.state.limits
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limits["max_body_bytes"]:
-        raise HTTPException(413, f"body is {int(declared):,} bytes, over the limit of {limits['max_body_bytes']:,}")
+        max_body = limits["max_body_bytes"]
+        raise refuse(413, "body_too_large", f"body is {int(declared):,} bytes, over the limit of {max_body:,}")
     try:
         body = await request.body()  # LitServe's MaxSizeMiddleware stops a chunked body at the same limit
     except ClientDisconnect:  # nobody is left to read the answer; without this uvicorn logs a traceback
-        raise HTTPException(400, "the client disconnected before the whole body arrived") from None
+        raise refuse(400, "client_disconnected", "the client disconnected before the whole body arrived") from None
     if not body:
-        raise HTTPException(400, f"empty body: {JSON_HELP}")
+        raise refuse(400, "empty_body", f"empty body: {JSON_HELP}")
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     name = None
     if content_type == "multipart/form-data":
@@ -132,41 +137,49 @@ async def read_image_request(request: Request) -> dict[str, Any]:
         upload = form.get("file")
         if upload is None or isinstance(upload, str):
             fields = ", ".join(form.keys()) or "none"
-            raise HTTPException(422, f'multipart body has no file field "file" (fields: {fields}): {JSON_HELP}')
+            detail = f'multipart body has no file field "file" (fields: {fields}): {JSON_HELP}'
+            raise refuse(422, "no_file_field", detail)
         data, name = await upload.read(), upload.filename
     elif content_type == "application/json":
         try:
             payload = json.loads(body)
         except ValueError as exc:
-            raise HTTPException(400, f"body is not valid JSON ({exc}): {JSON_HELP}") from None
+            raise refuse(400, "bad_json", f"body is not valid JSON ({exc}): {JSON_HELP}") from None
         if not isinstance(payload, dict) or "image" not in payload:
-            raise HTTPException(422, f'JSON has no "image" field: {JSON_HELP}')
+            raise refuse(422, "no_image_field", f'JSON has no "image" field: {JSON_HELP}')
         if not isinstance(payload["image"], str):
-            raise HTTPException(422, f'"image" must be a base64 string, got {type(payload["image"]).__name__}')
+            kind = type(payload["image"]).__name__
+            raise refuse(422, "image_not_a_string", f'"image" must be a base64 string, got {kind}')
         encoded = payload["image"].split(",", 1)[1] if payload["image"].startswith("data:") else payload["image"]
         try:
             data = base64.b64decode(encoded, validate=True)
         except (binascii.Error, ValueError) as exc:
-            raise HTTPException(400, f'"image" is not valid base64 ({exc})') from None
+            raise refuse(400, "bad_base64", f'"image" is not valid base64 ({exc})') from None
         name = payload.get("name") if isinstance(payload.get("name"), str) else None
     elif content_type.startswith("image/") or content_type == "application/octet-stream":
         data = body
     else:
-        raise HTTPException(415, f"content type {content_type or 'none'!r} is not accepted: {JSON_HELP}")
+        raise refuse(415, "content_type", f"content type {content_type or 'none'!r} is not accepted: {JSON_HELP}")
     what = f"file {name!r}" if name else "image"
     if not data:
-        raise HTTPException(400, f"{what} is empty")
+        raise refuse(400, "empty_image", f"{what} is empty")
     try:
         digit = prepare_image(io.BytesIO(data), max_pixels=limits["max_pixels"])
     except ImageTooLarge as exc:
-        raise HTTPException(413, f"{what}: {exc}") from None
+        raise refuse(413, "image_too_large", f"{what}: {exc}") from None
     except BlankImage as exc:
-        raise HTTPException(422, f"{what}: {exc}") from None
+        raise refuse(422, "blank_image", f"{what}: {exc}") from None
     except ValueError as exc:
-        raise HTTPException(400, f"{what}: {exc}") from None
+        raise refuse(400, "not_an_image", f"{what}: {exc}") from None
     # Bytes, not an array: LitServe formats each request into a debug message (even with debug logging off), and
     # numpy's repr of a 28x28 array costs milliseconds; 784 bytes cost microseconds, and pickle as compactly.
     return {"image": digit.numpy().tobytes(), "name": name}
+
+
+def refuse(status: int, reason: str, detail: str) -> HTTPException:
+    """The 4xx answer to a bad request, counted in ``/metrics`` under ``reason``; raise what it returns."""
+    metrics().refused.labels(reason).inc()
+    return HTTPException(status, detail)
 
 
 def load_predictor(served: dict[str, Any], device: str, threads: int) -> Any:
@@ -258,6 +271,7 @@ class DigitAPI(ls.LitAPI):
         pixels = bytearray(b"".join(item["image"] for item in items))  # writable, as torch.from_numpy wants
         images = np.frombuffer(pixels, np.uint8).reshape(len(items), 28, 28)
         probs = self.predict_probs(images)  # (B, C)
+        metrics().batch_size.observe(len(items))
         out = [
             {"probs": p, "name": item["name"], "batch_size": len(items)} for p, item in zip(probs, items, strict=True)
         ]
@@ -371,6 +385,14 @@ class DigitServer(ls.LitServer):
 def serve(args: argparse.Namespace) -> None:
     """Describe the model, start LitServe and block until SIGTERM or Ctrl-C."""
     served = describe(args.ckpt_path, args.model)
+    with metrics_folder():  # before anything imports prometheus_client: see project.serve.metrics
+        metrics()  # made here, so that each HTTP server forks with it
+        run(args, served)
+    print("Server stopped.", flush=True)
+
+
+def run(args: argparse.Namespace, served: dict[str, Any]) -> None:
+    """Start LitServe on the described model and block until SIGTERM or Ctrl-C."""
     api = DigitAPI(served, args.threads, args.max_batch_size, args.batch_timeout, args.worker_nice)
     max_body_bytes = int(args.max_body_mb * 1024 * 1024)
     server = DigitServer(
@@ -380,6 +402,7 @@ def serve(args: argparse.Namespace) -> None:
         timeout=args.timeout,
         max_payload_size=max_body_bytes,
         fast_queue=args.fast_queue,
+        callbacks=[ModelLoadTime()],
         model_metadata={
             **{k: served[k] for k in ("kind", "path", "checkpoint", "dataset", "class_names", "net")},
             "max_batch_size": args.max_batch_size,
@@ -390,10 +413,15 @@ def serve(args: argparse.Namespace) -> None:
     )
     server.app.state.limits = {"max_body_bytes": max_body_bytes, "max_pixels": args.max_pixels}
     server.app.add_middleware(AnswerWithin, seconds=args.timeout)
+    server.app.add_middleware(CountRequests)  # outermost: it counts AnswerWithin's 504s too
+    server.app.add_route("/metrics", scrape, methods=["GET"])
+    if args.page:  # in front of LitServe's own "/" (a "litserve running" text): Starlette takes the first match
+        server.app.router.routes.insert(0, Route("/", page, methods=["GET"]))
     server.uvicorn_graceful_timeout = args.grace  # how long SIGTERM waits for requests in flight
     what = f"{served['kind']} model {served['path']}"
     print(
-        f"Serving the {what} on http://{args.host}:{args.port}: POST /predict, GET /health, GET /info "
+        f"Serving the {what} on http://{args.host}:{args.port}: {'GET / (a page to draw on), ' if args.page else ''}"
+        "POST /predict, GET /health, GET /info, GET /metrics "
         f"(max_batch_size {args.max_batch_size}, batch_timeout {args.batch_timeout} s, {args.workers} worker(s)).",
         flush=True,
     )
@@ -420,7 +448,6 @@ def serve(args: argparse.Namespace) -> None:
         for child in multiprocessing.active_children():
             child.kill()
             child.join(5)
-    print("Server stopped.", flush=True)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -438,7 +465,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="most requests run through the model at once (measured: 8 and 32 close)",
     )
     parser.add_argument(
-        "--batch_timeout", type=float, default=0.002, help="seconds a worker waits for a batch to fill (measured)"
+        "--batch_timeout", type=float, default=0.001, help="seconds a worker waits for a batch to fill (measured)"
     )
     parser.add_argument("--workers", type=int, default=1, help="inference worker processes per device")
     parser.add_argument("--threads", type=int, default=1, help="torch / onnxruntime threads per inference worker")
@@ -464,6 +491,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--timeout", type=float, default=30, help="seconds a request may wait for its answer (504)")
     parser.add_argument("--grace", type=float, default=10, help="seconds SIGTERM waits for requests in flight")
+    parser.add_argument(
+        "--page",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="GET / answers a page to draw a digit on (--no-page: an API-only server)",
+    )
     parser.add_argument("--log_level", default="warning", help="uvicorn's: info also logs every request")
     return parser
 

@@ -230,17 +230,21 @@ def test_a_bad_request_in_a_batch_does_not_fail_the_good_ones(server, trained_ck
 
 
 def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """``GET /metrics``, parsed: {(sample name, sorted labels): value}."""
-    from prometheus_client.parser import text_string_to_metric_families
+    """``GET /metrics``, parsed: {(sample name, sorted labels): value}.
 
+    Parsed here, not with prometheus_client: imported into this process, it would keep an in-process ``serve`` (the
+    fork test below, on the same pytest worker) from switching it to its multiprocess mode.
+    """
     with urllib.request.urlopen(f"{url}/metrics") as r:
         assert r.headers["Content-Type"].startswith("text/plain; version=")  # the exposition format
         text = r.read().decode()
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, labels, value = re.fullmatch(r"(\w+)(?:\{(.*)\})? (\S+)", line).groups()
+            pairs = tuple(sorted(re.findall(r'(\w+)="([^"]*)"', labels or "")))
+            samples[(name, pairs)] = float(value)
+    return samples
 
 
 def test_metrics_count_requests_by_route_and_code_refusals_by_reason_and_batch_sizes(server):

@@ -1,0 +1,136 @@
+"""Every private name of another library that the package uses, listed, and checked against the installed versions.
+
+A private name (``_parse_ckpt_path``, ...) may change in any release, and no version range says
+when. The list below is the fence: the test fails, naming the name and the installed version, when one disappears
+or a method's parameters change, and when the package starts to use a private name that is not listed.
+"""
+
+import ast
+import importlib
+import importlib.metadata
+import inspect
+import re
+
+import pytest
+
+from tests.conftest import ROOT
+
+PACKAGE = ROOT / "project"
+
+# (where it lives, the name, the method's parameters, or None for an attribute or a class), and where it is used
+# (ModelCheckpoint's: checkpointing.py).
+# fmt: off
+PRIVATE = [
+    ("lightning.pytorch.cli:LightningCLI", "_parse_ckpt_path", ["self"]),  # lightning_cli.py: --ckpt_path auto
+    ("lightning.pytorch.cli:LightningCLI", "_instantiate_trainer", ["self", "config", "callbacks"]),  # lightning_cli.py
+    ("lightning.pytorch.cli:LightningCLI", "_parser", ["self", "subcommand"]),  # lightning_cli.py
+    ("lightning.pytorch.cli:LightningCLI", "_get", ["self", "config", "key", "default"]),  # lightning_cli.py
+    ("lightning.pytorch.callbacks:ModelCheckpoint", "_should_skip_saving_checkpoint", ["self", "trainer"]),
+    ("lightning.pytorch.callbacks:ModelCheckpoint", "_save_last_checkpoint", ["self", "trainer", "monitor_candidates"]),
+    ("lightning.pytorch.callbacks:ModelCheckpoint", "_monitor_candidates", ["self", "trainer"]),
+    ("lightning.pytorch.callbacks:ModelCheckpoint", "_should_save_on_train_epoch_end", ["self", "trainer"]),
+    ("lightning.pytorch.callbacks:ModelCheckpoint", "_last_global_step_saved", None),
+    ("lightning.pytorch.callbacks:LearningRateFinder", "_min_lr", None),  # lr_finder.py: the range searched
+    ("lightning.pytorch.callbacks:LearningRateFinder", "_max_lr", None),
+    ("lightning.pytorch.utilities.exceptions", "_TunerExitException", None),  # lr_finder.py: --lr_find.train_after
+    ("lightning.pytorch.callbacks:ThroughputMonitor", "_module_has_flops", None),  # monitors.py: no FLOP warning
+    ("lightning.pytorch:LightningModule", "_trainer", None),  # module.py: attached to a Trainer or not
+    ("lightning.pytorch:LightningModule", "_hparams_initial", None),  # module.py: the net's hparams on load
+    ("torch.optim.lr_scheduler:LRScheduler", "_last_lr", None),  # schedules.py
+    ("argparse:ArgumentParser", "_option_string_actions", None),  # lightning_cli.py: the options a parser knows
+    ("lightning.fabric.utilities.distributed", "_init_dist_connection",  # [elastic]
+     ["cluster_environment", "torch_distributed_backend", "global_rank", "world_size", "kwargs"]),  # [elastic]
+    ("lightning.pytorch.strategies:DDPStrategy", "_get_process_group_backend", ["self"]),  # [elastic]
+    ("lightning.pytorch.strategies:DDPStrategy", "_process_group_backend", None),  # [elastic]
+    ("lightning.pytorch.strategies:DDPStrategy", "_timeout", None),  # [elastic]
+    ("litserve:LitServer", "_start_server",  # [serve]
+     ["self", "port", "num_uvicorn_servers", "log_level", "sockets", "uvicorn_worker_type", "kwargs"]),  # [serve]
+    ("litserve:LitServer", "_init_manager", ["self", "num_api_servers"]),  # [serve]
+    ("litserve:LitServer", "_transport", None),  # [serve]
+    ("litserve.transport.zmq_queue:Producer", "_socket", None),  # [serve]
+    ("litserve.transport.zmq_queue:Producer", "_context", None),  # [serve]
+    ("lightning.pytorch.loggers:WandbLogger", "_wandb_init", None),  # [track]
+    ("lightning.pytorch.loggers:WandbLogger", "_save_dir", None),  # [track]
+    ("lightning.pytorch.loggers:WandbLogger", "_name", None),  # [track]
+    ("lightning.pytorch.loggers:WandbLogger", "_experiment", None),  # [track]
+]
+# fmt: on
+DOCUMENTED = {"_exit"}  # os._exit: underscored, but public and documented
+
+
+def owner(where: str) -> object:
+    module, _, attribute = where.partition(":")
+    found = importlib.import_module(module)
+    return getattr(found, attribute) if attribute else found
+
+
+def top(where: str) -> str:
+    """The top-level package of ``module.path:Class``."""
+    return where.split(":")[0].split(".")[0]
+
+
+def version(where: str) -> str:
+    distribution = {"argparse": "python"}.get(top(where), top(where))
+    try:
+        return f"{distribution} {importlib.metadata.version(distribution)}"
+    except importlib.metadata.PackageNotFoundError:
+        return distribution
+
+
+def uses(name: str) -> list[str]:
+    """The places in the package's source that use ``name``."""
+    return [
+        f"{path.relative_to(ROOT)}:{number}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), start=1)
+        if re.search(rf"(?<!\w){re.escape(name)}\b", line)
+    ]
+
+
+@pytest.mark.parametrize(("where", "name", "parameters"), PRIVATE, ids=lambda v: v if isinstance(v, str) else None)
+def test_each_private_name_is_still_there_with_the_same_parameters(where, name, parameters):
+    library = top(where)
+    pytest.importorskip(library)
+    target = owner(where)
+    assert uses(name), f"{name} is listed but the package no longer uses it: take it off the list"
+    if parameters is not None:
+        found = getattr(target, name, None)
+        assert callable(found), f"{where}.{name} is gone in {version(where)} (used at {uses(name)})"
+        got = list(inspect.signature(found).parameters)
+        assert got == parameters, f"{where}.{name} takes {got} in {version(where)}, not {parameters}: see {uses(name)}"
+        return
+    if inspect.ismodule(target):
+        assert hasattr(target, name), f"{where}.{name} is gone in {version(where)} (used at {uses(name)})"
+        return
+    # An attribute set on instances: the class (or a base) still names it in its source.
+    sources = [inspect.getsource(cls) for cls in inspect.getmro(target) if cls.__module__.split(".")[0] == library]
+    assert any(f".{name}" in source for source in sources), (
+        f"{where} no longer has the attribute {name} in {version(where)} (used at {uses(name)})"
+    )
+
+
+def private_names_used() -> set[str]:
+    """Private names of other libraries in the package: imported, reached through super(), or on another object."""
+    own: set[str] = set()  # names the package defines or assigns itself
+    used: set[str] = set()
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.ClassDef | ast.AsyncFunctionDef):
+                own.add(node.name)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] != PACKAGE.name:
+                used |= {a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")}
+            elif isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+                if isinstance(node.ctx, ast.Store):
+                    own.add(node.attr)
+                used.add(node.attr)
+    # A library attribute the package assigns (``_module_has_flops``, ``_save_dir``) counts as its own here: the
+    # list above names those by hand.
+    return used - own
+
+
+def test_every_private_name_the_package_uses_is_on_the_list():
+    listed = {name for _, name, _ in PRIVATE}
+    unlisted = private_names_used() - listed - DOCUMENTED
+    assert not unlisted, f"private names used but not fenced in this file's list: {sorted(unlisted)} at " + str(
+        {name: uses(name) for name in sorted(unlisted)}
+    )

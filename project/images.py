@@ -139,7 +139,7 @@ def centre_of_mass(grey: np.ndarray) -> tuple[float, float]:
 def is_mnist_digit(grey: np.ndarray, box: int = 20, size: int = 28) -> bool:
     """Whether a light-on-dark greyscale image (H, W) already is an MNIST-style digit, as ``mnist_style`` makes them.
 
-    It is when it is ``size`` x ``size``, its ink (every pixel brighter than the background) fits ``box`` x ``box``,
+    It is when it is ``size`` x ``size``, its ink (every pixel above 0, MNIST's background) fits ``box`` x ``box``,
     and its centre of mass lies within half a pixel of (size/2, size/2): true of every MNIST digit, and of what
     ``mnist_style`` returns, so preparing a prepared digit again changes nothing.
     """

@@ -100,6 +100,14 @@ def run_cli(mnist_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     return run
 
 
+def best_checkpoint_of_fit(args: list[str]) -> Path:
+    """Run ``fit`` with ``args`` in-process; the path of its best checkpoint."""
+    cli = cli_main(["fit", *args])
+    path = Path(cli.trainer.checkpoint_callback.best_model_path)
+    assert path.is_file()
+    return path
+
+
 @pytest.fixture(scope="session")
 def trained_ckpt(mnist_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The best checkpoint of one short fit, shared by every test that only reads or evaluates a checkpoint.
@@ -107,10 +115,7 @@ def trained_ckpt(mnist_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     Tests must not write into its run folder: evaluate it with ``run_cli`` (logs elsewhere) or copy it.
     """
     logs = tmp_path_factory.mktemp("trained") / "logs"
-    cli = cli_main(["fit", *small_run(mnist_dir, logs), "--test_after_fit=false"])
-    path = Path(cli.trainer.checkpoint_callback.best_model_path)
-    assert path.is_file()
-    return path
+    return best_checkpoint_of_fit([*small_run(mnist_dir, logs), "--test_after_fit=false"])
 
 
 @pytest.fixture(scope="session")
@@ -120,9 +125,8 @@ def mnist_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     No skip when the data is absent: the fit then fails with the data module's error that says how to provide it.
     """
     logs = tmp_path_factory.mktemp("mnist") / "logs"
-    cli = cli_main(
+    return best_checkpoint_of_fit(
         [
-            "fit",
             "--config",
             DEFAULT_CONFIG,
             "--trainer.max_epochs=1",
@@ -131,9 +135,6 @@ def mnist_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "--test_after_fit=false",
         ]
     )
-    path = Path(cli.trainer.checkpoint_callback.best_model_path)
-    assert path.is_file()
-    return path
 
 
 @pytest.fixture

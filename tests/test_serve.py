@@ -301,13 +301,20 @@ def browser() -> Iterator:
     webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed: pip install selenium")
     if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
         pytest.skip(f"no {CHROMIUM} or {CHROMEDRIVER}: apt-get install chromium chromium-driver")
-    os.environ["SE_AVOID_STATS"] = "true"
     options = webdriver.ChromeOptions()
     options.binary_location = str(CHROMIUM)
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=900,700"):
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=webdriver.ChromeService(executable_path=str(CHROMEDRIVER)), options=options)
+    saved = os.environ.get("SE_AVOID_STATS")
+    os.environ["SE_AVOID_STATS"] = "true"  # read while the driver starts; this process's own value put back after
+    try:
+        driver = webdriver.Chrome(service=webdriver.ChromeService(executable_path=str(CHROMEDRIVER)), options=options)
+    finally:
+        if saved is None:
+            del os.environ["SE_AVOID_STATS"]
+        else:
+            os.environ["SE_AVOID_STATS"] = saved
     try:
         yield driver
     finally:

@@ -38,12 +38,17 @@ def onnx_runner(path: Path, threads: int) -> Predict:
     return lambda x: torch.from_numpy(session.run(None, {name: x.numpy()})[0])
 
 
+def data_of(data_dir: str | None) -> dict[str, str] | None:
+    """``export``'s data overrides: the checkpoint's MNIST in ``data_dir``, else where it was trained."""
+    return {"data_dir": data_dir} if data_dir else None
+
+
 def build(ckpt: str, data_dir: str | None, folder: Path, threads: int) -> tuple[dict[str, tuple[Predict, int]], str]:
     """Every format's predict function and the size in bytes of what would be shipped; the static int8 format."""
     net = MNISTClassifier.load_from_checkpoint(ckpt, map_location="cpu", weights_only=True, compile=False).net.eval()
     net = net.to(memory_format=torch.contiguous_format)
     weights = folder / "model.pt"
-    export(ckpt, "state_dict", str(weights), data_dir=data_dir)
+    export(ckpt, "state_dict", str(weights), data=data_of(data_dir))
     size = weights.stat().st_size
 
     def eager(x: torch.Tensor) -> torch.Tensor:
@@ -65,7 +70,7 @@ def build(ckpt: str, data_dir: str | None, folder: Path, threads: int) -> tuple[
             return compiled_net(x)
 
     variants["torch.compile"] = (compiled, size)
-    export(ckpt, "pt2", str(folder / "model.pt2"), data_dir=data_dir)
+    export(ckpt, "pt2", str(folder / "model.pt2"), data=data_of(data_dir))
     program = torch.export.load(str(folder / "model.pt2")).module()
 
     def exported(x: torch.Tensor) -> torch.Tensor:
@@ -73,9 +78,9 @@ def build(ckpt: str, data_dir: str | None, folder: Path, threads: int) -> tuple[
             return program(x)
 
     variants["torch.export .pt2"] = (exported, (folder / "model.pt2").stat().st_size)
-    export(ckpt, "onnx", str(folder / "fp32.onnx"), data_dir=data_dir)
-    export(ckpt, "onnx", str(folder / "dynamic.onnx"), quantize="dynamic", data_dir=data_dir)
-    static = export(ckpt, "onnx", str(folder / "static.onnx"), quantize="static", data_dir=data_dir)
+    export(ckpt, "onnx", str(folder / "fp32.onnx"), data=data_of(data_dir))
+    export(ckpt, "onnx", str(folder / "dynamic.onnx"), quantize="dynamic", data=data_of(data_dir))
+    static = export(ckpt, "onnx", str(folder / "static.onnx"), quantize="static", data=data_of(data_dir))
     for name, file in (("ONNX fp32", "fp32"), ("ONNX int8 dynamic", "dynamic"), ("ONNX int8 static", "static")):
         path = folder / f"{file}.onnx"
         variants[name] = (onnx_runner(path, threads), path.stat().st_size)

@@ -372,7 +372,13 @@ def main(argv: list[str] | None = None) -> str:
         for model in args.models:
             if model != "torch":
                 quantize = "static" if model == "onnx-int8" else None
-                export(args.ckpt_path, "onnx", str(files[model]), quantize=quantize, data_dir=args.data_dir)
+                export(
+                    args.ckpt_path,
+                    "onnx",
+                    str(files[model]),
+                    quantize=quantize,
+                    data={"data_dir": args.data_dir} if args.data_dir else None,
+                )
         # <<< export
         copy = work / "logs" / "run" / "checkpoints" / "model.ckpt"
         copy.parent.mkdir(parents=True)

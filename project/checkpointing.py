@@ -16,8 +16,10 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from project.cli import UserError
 
-class CheckpointError(ValueError):
+
+class CheckpointError(UserError, ValueError):
     """A ``--ckpt_path`` that does not exist, is not a checkpoint, or carries more than tensors and plain data."""
 
 

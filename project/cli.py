@@ -1,10 +1,15 @@
 """The command line: ``python -m project <command>``, one hop from the command to the code that runs it.
 
-The core commands are fit, validate, test and predict (LightningCLI, ``project/lightning_cli.py``), cv and env. Every
-other command is a feature: a subpackage of ``project/`` with a ``main(argv)`` in its ``__init__.py``, named after
-the folder and described by its docstring's first line. Remove the folder and the command is gone; add one and it
-is listed. Nothing heavy is imported before the command is known, so ``--help`` and a mistyped command answer at
-once instead of after seconds of torch and Lightning imports.
+Every command has one entry contract: a function ``main(argv)`` that takes the command's own options and returns
+its result. The core's are fit, validate, test and predict (``project/lightning_cli.py``), cv and env. Every other
+command is a feature: a subpackage of ``project/`` with a ``main(argv)`` in its ``__init__.py``, named after the
+folder and described by its docstring's first line. Remove the folder and the command is gone; add one and it is
+listed. Nothing heavy is imported before the command is known, so ``--help`` and a mistyped command answer at once
+instead of after seconds of torch and Lightning imports.
+
+The user-error policy is here too: a command raises ``UserError`` (or a subclass) for what the user can fix, with a
+message that names the file, key or value and the remedy; ``main`` prints it as one line and exits 1. Anything else
+is a bug and keeps its traceback.
 """
 
 import argparse
@@ -16,14 +21,22 @@ import sys
 from pathlib import Path
 from typing import Any
 
-# The core's commands: command -> (module in this package, one line for the overview).
+
+class UserError(Exception):
+    """Something the user can fix, named with the remedy: ``main`` prints it as one line, without a traceback.
+
+    Raise it, or a class that also derives from it (``DataError``, ``CheckpointError``), from any command.
+    """
+
+
+# The core's commands: command -> (its entry, ``module.function`` in this package; one line for the overview).
 CORE_COMMANDS: dict[str, tuple[str, str]] = {
-    "fit": ("lightning_cli", "Train (the default recipe, configs/default.yaml, unless --config says otherwise)"),
-    "validate": ("lightning_cli", "Run the validation split on a checkpoint"),
-    "test": ("lightning_cli", "Run the test split on a checkpoint"),
-    "predict": ("lightning_cli", "Write predictions (CSV) for a split or a folder of your own images"),
-    "cv": ("cv", "k-fold cross-validation: one fit per fold, then each fold's best val/acc, their mean and std"),
-    "env": ("env", "Versions, devices, bf16/TF32 support and the precision picked on this machine"),
+    "fit": ("lightning_cli.fit", "Train (the default recipe, configs/default.yaml, unless --config says otherwise)"),
+    "validate": ("lightning_cli.validate", "Run the validation split on a checkpoint"),
+    "test": ("lightning_cli.test", "Run the test split on a checkpoint"),
+    "predict": ("lightning_cli.predict", "Write predictions (CSV) for a split or a folder of your own images"),
+    "cv": ("cv.main", "k-fold cross-validation: one fit per fold, then each fold's best val/acc, their mean and std"),
+    "env": ("env.main", "Versions, devices, bf16/TF32 support and the precision picked on this machine"),
 }
 
 
@@ -33,7 +46,8 @@ def feature_commands() -> dict[str, tuple[str, str]]:
     for init in sorted(Path(__file__).parent.glob("*/__init__.py")):
         module = importlib.import_module(f"{__package__}.{init.parent.name}")  # the __init__ only: no heavy import
         if callable(getattr(module, "main", None)):
-            found[init.parent.name] = (init.parent.name, (module.__doc__ or "").strip().split("\n")[0].rstrip("."))
+            summary = (module.__doc__ or "").strip().split("\n")[0].rstrip(".")
+            found[init.parent.name] = (f"{init.parent.name}.main", summary)
     return found
 
 
@@ -85,17 +99,16 @@ def cli_main(args: list[str] | None = None) -> Any:
         hint = f" Did you mean {close[0]!r}?" if close else ""
         print(f"{overview(prog, listed)}\n\n{prog}: error: unknown command {command!r}.{hint}", file=sys.stderr)
         raise SystemExit(2)
-    module = importlib.import_module(f"{__package__}.{listed[command][0]}")
-    if module.__name__.endswith(".lightning_cli"):
-        return module.run(argv, prog=prog)
-    return module.main(argv[1:])
+    module, _, function = listed[command][0].rpartition(".")
+    entry = getattr(importlib.import_module(f"{__package__}.{module}"), function)
+    return entry(argv[1:])
 
 
 def skip_teardown() -> None:
     """Let the process exit without freeing every object of torch, Lightning and their imports one by one.
 
-    Python's exit collects and frees the whole heap: 1.1-1.3 s after any command on a 2-core CPU (measured on an
-    AMD EPYC), a tenth of the fast recipe's process. Call it once the command is done and has closed its files
+    Python's exit collects and frees the whole heap, a second on a 2-core CPU (docs/benchmarks.md). Call it once
+    the command is done and has closed its files
     (loggers, checkpoints): one last collection runs the finalizers of what is garbage by then, the rest is
     frozen and left to the operating system, which takes the memory back at once. atexit handlers still run.
     """
@@ -108,12 +121,10 @@ def main() -> None:
     try:
         cli_main()
         skip_teardown()
-    except Exception as exc:
-        from project.lightning_cli import USER_ERRORS  # only once something failed: torch is loaded by then
-
-        # Data, checkpoint and numerical errors name the file or key and the remedy: the traceback adds nothing.
-        # PROJECT_TRACEBACK=1 shows it anyway.
-        if not isinstance(exc, USER_ERRORS) or os.environ.get("PROJECT_TRACEBACK"):
+    except UserError as exc:
+        # Data, checkpoint, export and numerical errors name the file or key and the remedy: the traceback adds
+        # nothing. PROJECT_TRACEBACK=1 shows it anyway.
+        if os.environ.get("PROJECT_TRACEBACK"):
             raise
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(1) from None

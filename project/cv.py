@@ -111,7 +111,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     taken = [a for a in fit_args if a.split("=", 1)[0] in ("--data.num_folds", "--data.fold", "--ckpt_path")]
     if taken:
         parser.error(f"{', '.join(taken)}: cv sets the folds and resumes its own folds; leave them out.")
-    from project.lightning_cli import USER_ERRORS, run
+    from project.cli import UserError
+    from project.lightning_cli import run
 
     folds = [f"--data.num_folds={args.folds}", "--test_after_fit=" + str(args.test).lower()]
     # Every option checked and the first fold's split made before any training: a bad value or too few images of
@@ -122,7 +123,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         parser.error("cv keeps each fold as a TensorBoard run: trainer.logger must be (or start with) one.")
     try:
         probe.datamodule.setup("fit")
-    except USER_ERRORS as exc:
+    except UserError as exc:
         parser.error(str(exc))
     root, name = Path(board.save_dir), board.name
     del probe

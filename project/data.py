@@ -18,7 +18,9 @@ from torch.utils.data import DataLoader, Dataset, Subset, random_split
 from torchvision import transforms
 from torchvision.datasets import KMNIST, MNIST, FashionMNIST
 
+from project.cli import UserError
 from project.images import load_folder
+from project.inputs import InputContract
 
 MEAN, STD = 0.1307, 0.3081
 # Same IDX format, same 28x28 greyscale, 10 classes: the torchvision class (which names the folder
@@ -37,15 +39,6 @@ IDX_FILES = {
 }
 
 
-def trained_on(checkpoint: dict[str, Any]) -> dict[str, Any]:
-    """What a checkpoint's model expects of an image: its ``dataset``, the ``mean`` and ``std`` it was normalised
-    with, and the ``class_names`` of its outputs (saved by the model, else torchvision's names for the dataset)."""
-    dataset = checkpoint.get("datamodule_hyper_parameters", {}).get("dataset", "mnist")
-    torchvision_class, mean, std = DATASETS[dataset]
-    names = checkpoint.get("hyper_parameters", {}).get("class_names") or torchvision_class.classes
-    return {"dataset": dataset, "mean": mean, "std": std, "class_names": list(names)}
-
-
 def how_to_provide(folder: str = "MNIST") -> str:
     """The remedy for missing files, naming the dataset's own folder (``MNIST``, ``FashionMNIST``, ``KMNIST``)."""
     return (
@@ -54,7 +47,7 @@ def how_to_provide(folder: str = "MNIST") -> str:
     )
 
 
-class DataError(RuntimeError):
+class DataError(UserError, RuntimeError):
     """Data a DataModule cannot use, named with the remedy: the console prints it as one line, no traceback.
 
     Raise it (or a subclass) from a DataModule of your own for the same treatment.
@@ -395,6 +388,27 @@ class MNISTDataModule(L.LightningDataModule):
 
     def predict_dataloader(self) -> DataLoader:
         return self._loader("predict" if self.predict_dir is not None else self.predict_split)
+
+    def input_contract(self) -> InputContract:
+        """What the model trained on this data takes (saved in each checkpoint: ``project.inputs``)."""
+        return InputContract(
+            size=28,
+            channels=1,
+            mean=(self.mean,),
+            std=(self.std,),
+            class_names=tuple(self.class_names),
+            preparation="mnist_digit",
+        )
+
+    def load_input_contract(self, contract: InputContract) -> None:
+        """Normalise as the checkpoint's training did; refuse a checkpoint whose model takes other images."""
+        if contract.preparation != "mnist_digit":
+            raise MNISTDataError(
+                f"the checkpoint's model takes {contract.channels}-channel {contract.size}x{contract.size} "
+                f"{contract.preparation} images, not MNIST digits: use the DataModule it was trained with."
+            )
+        self.mean, self.std = contract.mean[0], contract.std[0]
+        self.transform = transforms.Compose([transforms.ToTensor(), transforms.Normalize((self.mean,), (self.std,))])
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Normalise (and, when training with ``augment``, shift/rotate) in-memory batches on their device."""

@@ -37,10 +37,9 @@ def cpu_has_native_bf16() -> bool:
 def recommended_precision(accelerator: str = "auto") -> str:
     """The Trainer precision measured fastest for this template on ``accelerator``, without losing accuracy.
 
-    On CPUs with native bf16, ``bf16-mixed`` (with channels_last) measured 1.2x the training samples/s of fp32
-    for the default CNN in a full Lightning step, 1.8x for forward + backward alone, on a 2-core Xeon with AMX.
-    Other CPUs emulate bf16 and get slower, so they keep ``32-true``. GPUs keep ``32-true`` until measured:
-    pick ``configs/16-mixed.yaml`` or ``configs/bf16-mixed.yaml`` there yourself.
+    ``bf16-mixed`` on CPUs with native bf16 (faster: docs/benchmarks.md); other CPUs emulate bf16 and get slower, so
+    they keep ``32-true``. GPUs keep ``32-true`` until measured: pick ``configs/16-mixed.yaml`` or
+    ``configs/bf16-mixed.yaml`` there yourself.
     """
     on_gpu = accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
     if not on_gpu and accelerator in ("auto", "cpu") and cpu_has_native_bf16():

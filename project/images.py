@@ -6,6 +6,7 @@ image that already is such a digit as it is: prepared twice, a digit would drift
 """
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
@@ -56,6 +57,36 @@ def prepare_image(source: Path | BinaryIO, max_pixels: int | None = None) -> Ten
         BlankImage: it decodes, but there is no digit in it.
         ValueError: not an image PIL decodes (foreign or truncated bytes).
     """
+    digit = decode(source, max_pixels, mnist_style)
+    if not digit.any():
+        raise BlankImage("blank image: no ink found (one colour throughout), so there is no digit to predict")
+    return digit
+
+
+def prepare_resized(source: Path | BinaryIO, size: int, channels: int, max_pixels: int | None = None) -> Tensor:
+    """Decode an image and resize it as the folder DataModule reads its files: uint8 (channels, size, size).
+
+    Raises:
+        ImageTooLarge: more than ``max_pixels`` pixels.
+        ValueError: not an image PIL decodes (foreign or truncated bytes).
+    """
+    return decode(source, max_pixels, lambda image: resized(image, size, channels))
+
+
+def resized(image: Image.Image, size: int, channels: int) -> Tensor:
+    """``image`` as uint8 (channels, size, size): greyscale or RGB, resized bilinearly (aspect ratio not kept)."""
+    image = image.convert("L" if channels == 1 else "RGB").resize((size, size), Image.Resampling.BILINEAR)
+    array = torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8)
+    return array.view(size, size, channels).permute(2, 0, 1).contiguous()
+
+
+def decode(source: Path | BinaryIO, max_pixels: int | None, prepare: Callable[[Image.Image], Tensor]) -> Tensor:
+    """Open an image, refuse it by its header if it has more than ``max_pixels`` pixels, decode it and ``prepare`` it.
+
+    Raises:
+        ImageTooLarge: more than ``max_pixels`` pixels (or than PIL's own limit).
+        ValueError: not an image PIL decodes (foreign or truncated bytes).
+    """
     try:
         with Image.open(source) as image:  # reads the header only: the size is known before any pixel is decoded
             if max_pixels is not None and image.width * image.height > max_pixels:
@@ -64,7 +95,7 @@ def prepare_image(source: Path | BinaryIO, max_pixels: int | None = None) -> Ten
                     f"over the limit of {max_pixels:,}"
                 )
             image.load()
-            digit = mnist_style(image)
+            return prepare(image)
     except ImageTooLarge:
         raise
     except Image.DecompressionBombError as exc:
@@ -78,9 +109,6 @@ def prepare_image(source: Path | BinaryIO, max_pixels: int | None = None) -> Ten
         raise ValueError("cannot decode: not in an image format PIL reads (PNG, JPEG, BMP, GIF, TIFF, WebP)") from None
     except Exception as exc:  # PIL raises several types for truncated or foreign files
         raise ValueError(f"cannot decode: {type(exc).__name__}: {exc}") from exc
-    if not digit.any():
-        raise BlankImage("blank image: no ink found (one colour throughout), so there is no digit to predict")
-    return digit
 
 
 def mnist_style(image: Image.Image, box: int = 20, size: int = 28) -> Tensor:

@@ -13,6 +13,7 @@ import logging
 import os
 import re
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -43,7 +44,7 @@ from project.checkpointing import (
     last_checkpoints,
     load_checkpoint,
 )
-from project.data import DataError
+from project.cli import UserError
 from project.hardware import cpu_has_native_bf16, recommended_precision
 from project.module import MNISTClassifier
 from project.visuals import TensorBoardImages
@@ -53,12 +54,10 @@ from project.writer import free_path
 DEFAULT_RECIPE = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
 
 
-class TrainerConfigError(RuntimeError):
+class TrainerConfigError(UserError, RuntimeError):
     """The Trainer options given (accelerator, devices, strategy, precision) cannot run on this machine."""
 
 
-# Errors that name the file, key or value and the remedy: the console script prints them without a traceback.
-USER_ERRORS = (DataError, CheckpointError, FloatingPointError, TrainerConfigError)
 # The Trainer options that pick the hardware, in the order an error message names them.
 HARDWARE_KEYS = ("accelerator", "devices", "strategy", "precision", "num_nodes")
 # A Trainer feature that can be switched off, and the configured callbacks that cannot work without it.
@@ -66,6 +65,14 @@ NEEDS_FEATURE: dict[str, tuple[type, ...]] = {
     "logger": (LearningRateMonitor, TensorBoardImages),
     "enable_checkpointing": (ModelCheckpoint, SaveOnInterrupt),
     "enable_progress_bar": (ProgressBar,),
+}
+# The callbacks that are top-level keys of their own (``--early_stopping.patience 5``, ``--pruning.sparsity 0.9``,
+# ``--early_stopping null``), and the class each must derive from.
+NAMED_CALLBACKS: dict[str, type] = {
+    "checkpoint": ModelCheckpoint,
+    "early_stopping": EarlyStopping,
+    "pruning": ModelPruning,
+    "lr_find": LearningRateFinder,
 }
 # Model arguments that change how the network runs, not what it is: a command-line value beats the checkpoint's.
 RUNTIME_MODEL_KEYS = ("compile", "channels_last")
@@ -79,6 +86,18 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
             flat.update(flatten(value, f"{prefix}{key}/"))
         return flat
     return {prefix.rstrip("/"): tree if isinstance(tree, (int, float, str, bool)) or tree is None else str(tree)}
+
+
+def nested(values: dict[str, Any]) -> dict[str, Any]:
+    """``{"a.b.c": 1}`` -> ``{"a": {"b": {"c": 1}}}``: dotted keys as the YAML overlay ``fit --config`` reads."""
+    tree: dict[str, Any] = {}
+    for key, value in values.items():
+        node = tree
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return tree
 
 
 class KeepingSaveConfigCallback(SaveConfigCallback):
@@ -294,11 +313,9 @@ class MNISTCLI(LightningCLI):
         )
         # Callbacks users change most, as keys of their own: `--trainer.callbacks.patience` would change the last
         # callback of the list instead. null switches one off.
-        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint", subclass_mode=True, required=False)
-        parser.add_lightning_class_args(EarlyStopping, "early_stopping", subclass_mode=True, required=False)
-        # Off unless an overlay names one (configs/prune.yaml, configs/lr_find.yaml): `--pruning.sparsity 0.9`.
-        parser.add_lightning_class_args(ModelPruning, "pruning", subclass_mode=True, required=False)
-        parser.add_lightning_class_args(LearningRateFinder, "lr_find", subclass_mode=True, required=False)
+        # pruning and lr_find are off unless an overlay names one (configs/prune.yaml, configs/lr_find.yaml).
+        for key, base in NAMED_CALLBACKS.items():
+            parser.add_lightning_class_args(base, key, subclass_mode=True, required=False)
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
         parser.link_arguments("data.num_classes", "model.net.init_args.num_classes", apply_on="instantiate")
         parser.link_arguments("data.class_names", "model.class_names", apply_on="instantiate")
@@ -436,7 +453,7 @@ class MNISTCLI(LightningCLI):
                     kept.append(callback)
             if config.trainer.get("callbacks"):
                 config.trainer.callbacks = kept
-            for key in self._parser(self.subcommand).callback_keys:  # the named callbacks: checkpoint, early_stopping
+            for key in NAMED_CALLBACKS:
                 value = config.get(key)
                 cls = resolve(str(value.class_path)) if isinstance(value, Namespace) else None
                 if cls is not None and issubclass(cls, needers):
@@ -458,8 +475,9 @@ class MNISTCLI(LightningCLI):
 
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
         # A named callback set to null (`--early_stopping null`) is absent, not None, in the Trainer's list.
-        extra = [self._get(self.config_init, key) for key in self._parser(self.subcommand).callback_keys]
-        trainer_config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
+        config = self.config_init[self.subcommand] if self.subcommand else self.config_init
+        extra = [config.get(key) for key in NAMED_CALLBACKS]
+        trainer_config = {**config.get("trainer", {}), **kwargs}
         try:
             trainer = self._instantiate_trainer(trainer_config, [c for c in extra if c is not None] + self._callbacks)
         except (MisconfigurationException, ModuleNotFoundError, TypeError) as exc:
@@ -516,6 +534,7 @@ def run(
     subcommand: bool = True,
     callbacks: list[L.Callback] | None = None,
     run_folder: tuple[str, str] | None = None,
+    exit_on_error: bool = True,
 ) -> MNISTCLI:
     """Run ``argv`` (``fit ...``, ``test ...``, ...) through the CLI, starting from the default recipe.
 
@@ -523,7 +542,9 @@ def run(
     ``callbacks`` are added to the configured ones (objects built in Python, e.g. a search's pruning callback).
     ``run_folder`` is the run's ``(name, version)`` under the TensorBoard logger's ``save_dir``, whatever the config
     says (a cross-validation's ``mnist/cv_0``, ``fold_2``). A logger with a ``finish()`` method (a tracker's run) is
-    finished when the command is done, so that the next run in this process starts a run of its own.
+    finished when the command is done, so that the next run in this process starts a run of its own. With
+    ``exit_on_error=False`` (``subcommand=False`` only) a bad option raises jsonargparse's ``ArgumentError``, which
+    names it, instead of printing it and exiting.
     """
     quiet_lightning()
     defaults = {"default_config_files": [str(DEFAULT_RECIPE)]} if DEFAULT_RECIPE.is_file() else {}
@@ -532,7 +553,7 @@ def run(
         commands = [argv[0]] if argv and argv[0] in every else list(every)  # MNISTCLI.subcommands() agrees
         parser_kwargs = {"prog": prog, **{command: dict(defaults) for command in commands}}
     else:
-        parser_kwargs = {"prog": prog, **defaults}
+        parser_kwargs = {"prog": prog, "exit_on_error": exit_on_error, **defaults}
     try:
         cli = MNISTCLI(
             MNISTClassifier,
@@ -554,3 +575,18 @@ def run(
         if callable(getattr(logger, "finish", None)):
             logger.finish()
     return cli
+
+
+def subcommand_main(name: str) -> Callable[[list[str]], MNISTCLI]:
+    """The entry of LightningCLI's subcommand ``name`` (``fit``, ...): ``main(argv)`` as every command has."""
+
+    def main(argv: list[str]) -> MNISTCLI:
+        from project.cli import prog_name
+
+        return run([name, *argv], prog=prog_name())
+
+    main.__doc__ = f"``{name}`` with ``argv``, the command's options: returns the LightningCLI."
+    return main
+
+
+fit, validate, test, predict = (subcommand_main(name) for name in ("fit", "validate", "test", "predict"))

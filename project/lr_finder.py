@@ -41,6 +41,7 @@ class LearningRateReport(LearningRateFinder):
     ) -> None:
         # update_attr=False: the optimizer is injected (model.optimizer), there is no `lr` attribute to set.
         super().__init__(min_lr, max_lr, num_training_steps, mode, early_stop_threshold, update_attr=False)
+        self.min_lr, self.max_lr = min_lr, max_lr  # the range searched, for the report
         self.train_after = train_after
         self.suggestion: float | None = None
 
@@ -59,7 +60,7 @@ class LearningRateReport(LearningRateFinder):
         folder = Path(trainer.log_dir or trainer.default_root_dir)
         folder.mkdir(parents=True, exist_ok=True)
         Image.fromarray(image).save(folder / "lr_find.png")
-        record = {"lr": lrs, "loss": losses, "suggestion": self.suggestion, "range": [self._min_lr, self._max_lr]}
+        record = {"lr": lrs, "loss": losses, "suggestion": self.suggestion, "range": [self.min_lr, self.max_lr]}
         (folder / "lr_find.json").write_text(json.dumps(record) + "\n")
         for logger in trainer.loggers:
             if isinstance(logger, TensorBoardLogger):
@@ -69,7 +70,7 @@ class LearningRateReport(LearningRateFinder):
             rank_zero_info(f"Learning-rate finder: no suggestion (too few finite losses); curve in {folder}.")
             return
         rank_zero_info(
-            f"Learning-rate finder: suggested learning rate {self.suggestion:.3g} (searched {self._min_lr:g} to "
-            f"{self._max_lr:g}; curve in {folder / 'lr_find.png'}).\n"
+            f"Learning-rate finder: suggested learning rate {self.suggestion:.3g} (searched {self.min_lr:g} to "
+            f"{self.max_lr:g}; curve in {folder / 'lr_find.png'}).\n"
             f"Train with it: python -m project fit --model.optimizer.init_args.lr {self.suggestion:.3g}"
         )

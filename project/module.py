@@ -12,9 +12,15 @@ from torchmetrics import MaxMetric, MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from project.checkpointing import CheckpointError, load_checkpoint
+from project.cli import UserError
+from project.inputs import restore_contract, save_contract
 from project.net import CNN
 
 Batch = tuple[Tensor, Tensor]
+
+
+class NonFiniteLoss(UserError, FloatingPointError):
+    """The training loss became NaN or inf: the message names the step and the likely causes."""
 
 
 class MNISTClassifier(L.LightningModule):
@@ -90,7 +96,7 @@ class MNISTClassifier(L.LightningModule):
         return self.net(x)
 
     def setup(self, stage: str) -> None:
-        resuming = self._trainer is not None and self.trainer.ckpt_path is not None
+        resuming = self.trainer.ckpt_path is not None  # setup runs attached to a Trainer
         if stage == "fit" and self.init_from and not resuming:
             # The safe loader: a checkpoint that carries code is refused, as everywhere else.
             state = load_checkpoint(self.init_from)["state_dict"]
@@ -118,7 +124,7 @@ class MNISTClassifier(L.LightningModule):
         logits = self(x)
         loss = (self.train_loss_fn if stage == "train" else self.loss_fn)(logits, y)
         if stage == "train" and not torch.isfinite(loss):
-            raise FloatingPointError(
+            raise NonFiniteLoss(
                 f"train/loss is {loss.item()} at global step {self.trainer.global_step} (epoch "
                 f"{self.current_epoch}, batch {self.trainer.fit_loop.epoch_loop.batch_idx}). Likely causes: a "
                 "learning rate too high (model.optimizer.init_args.lr), no gradient clipping "
@@ -173,19 +179,29 @@ class MNISTClassifier(L.LightningModule):
         checkpoint["rng_states"] = {"torch": torch.get_rng_state()}
         if torch.cuda.is_available():
             checkpoint["rng_states"]["cuda"] = torch.cuda.get_rng_state_all()
+        save_contract(self.trainer, checkpoint)  # what an input must be: project.inputs
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         saved_net = checkpoint.get("hyper_parameters", {}).get("net")
         if isinstance(saved_net, dict) and isinstance(self.hparams.get("net"), nn.Module):
             # Keep hparams serialisable (a config, not a pickled module) for the next checkpoint.
-            self.hparams["net"] = self._hparams_initial["net"] = saved_net
-        if self._trainer is None:
+            self.hparams["net"] = saved_net  # what the next checkpoint saves
+        trainer = self.attached_trainer()
+        if trainer is None:
             return  # load_from_checkpoint for inference: leave the caller's random state alone
+        restore_contract(trainer, checkpoint)
         states = checkpoint.get("rng_states", {})
         if "torch" in states:
             torch.set_rng_state(states["torch"])
         if "cuda" in states and torch.cuda.is_available() and len(states["cuda"]) == torch.cuda.device_count():
             torch.cuda.set_rng_state_all(states["cuda"])
+
+    def attached_trainer(self) -> L.Trainer | None:
+        """The Trainer this module runs in, or None (``load_from_checkpoint`` for inference)."""
+        try:
+            return self.trainer
+        except RuntimeError:  # Lightning's "is not attached to a `Trainer`"
+            return None
 
     def configure_optimizers(self) -> Any:
         params = self.parameters()

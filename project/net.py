@@ -11,7 +11,7 @@ class CNN(nn.Module):
 
     Pooling before the ReLU computes exactly what ReLU-then-pool does (max and ReLU commute) on a quarter of the
     elements: on a CPU the element-wise passes over the full-resolution maps, not the convolutions, dominate a step
-    of this small network (measured 1.3x the training samples/s).
+    of this small network (docs/benchmarks.md).
 
     Args:
         num_classes: Number of output logits.

@@ -23,7 +23,7 @@ from finish import FEATURES, text_files  # noqa: E402 (template/ is not a packag
 PACKAGE = "digits"
 # What names a feature in a file: a copy without the feature has none of these, in any file.
 WORDS = {
-    "serve": [r"\bserve\b", r"litserve", r"\bzmq\b", r"zmq_answers", r"reuse_port", r"multipart", r"\bwrk\b"],
+    "serve": [r"\bserve\b", r"litserve", r"\bzmq\b", r"reuse_port", r"multipart", r"\bwrk\b"],
     "tune": [r"(?<!fine-)\btune\b", r"optuna", r"search\.yaml", r"postgres", r"psycopg"],
     "export": [
         r"\bexport(?:s|ed)?\b(?! [A-Z][A-Z_]+\b)",  # not the shell's `export PATH_DATASETS`

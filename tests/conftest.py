@@ -137,6 +137,60 @@ def mnist_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
 
 
+# >>> folder
+CLASSES = ["cat", "dog", "emu"]
+TINTS = ((1.0, 0.7, 0.4), (0.5, 1.0, 0.8), (0.9, 0.6, 1.0))  # per-image RGB factors: channels differ
+
+
+def write_classes(
+    root: Path, per_class: int = 24, seed: int = 0, classes: list[str] = CLASSES, tinted: bool = False
+) -> Path:
+    """PNG/JPEG files in root/<class>/: class k is the synthetic digit k (a bar at row 2k+4), RGB, 40x40.
+
+    ``tinted``: each image's channels scaled by one of ``TINTS`` (grey otherwise), so the three differ.
+    """
+    from PIL import Image
+
+    images, labels = synthetic_digits(10 * per_class, seed)
+    for k, name in enumerate(classes):
+        (root / name).mkdir(parents=True)
+        picks = (labels == k).nonzero().flatten()[:per_class]
+        for i, index in enumerate(picks.tolist()):
+            grey = images[index].float()
+            tint = TINTS[i % 3] if tinted else (1.0, 1.0, 1.0)
+            rgb = torch.stack([grey * f for f in tint], dim=-1).to(torch.uint8).numpy()  # (28, 28, 3)
+            image = Image.fromarray(rgb, mode="RGB").resize((40, 40))
+            image.save(root / name / f"{i}.{'png' if i % 2 else 'jpg'}")
+    return root
+
+
+@pytest.fixture(scope="session")
+def rgb_folder_ckpt(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A folder-trained RGB 32x32 model (SmallResNet, 3 classes, 2 epochs): its best checkpoint and its folder."""
+    root = write_classes(tmp_path_factory.mktemp("rgb") / "my_data", tinted=True)
+    ckpt = best_checkpoint_of_fit(
+        [
+            "--config",
+            str(ROOT / "configs" / "folder.yaml"),
+            f"--data.root={root}",
+            "--data.channels=3",
+            "--data.image_size=32",
+            "--data.batch_size=16",
+            "--model.net=project.resnet.SmallResNet",
+            "--model.net.init_args.in_channels=3",
+            f"--trainer.logger.init_args.save_dir={root.parent / 'logs'}",
+            "--trainer.max_epochs=2",
+            "--trainer.num_sanity_val_steps=0",
+            "--trainer.enable_model_summary=false",
+            "--test_after_fit=false",
+        ]
+    )
+    return ckpt, root
+
+
+# <<< folder
+
+
 @pytest.fixture
 def lightning_log():
     """The messages Lightning's rank-zero logger emits during the test (the CLI's console lines), after filters."""

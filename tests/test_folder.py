@@ -10,21 +10,7 @@ from PIL import Image
 from project.cli import cli_main
 from project.data import DataError
 from project.folder.data import FileDataset, FolderDataError, ImageFolderDataModule
-from tests.conftest import ROOT, synthetic_digits
-
-CLASSES = ["cat", "dog", "emu"]
-
-
-def write_classes(root: Path, per_class: int = 24, seed: int = 0, classes: list[str] = CLASSES) -> Path:
-    """PNG/JPEG files in root/<class>/: class k is the synthetic digit k (a bar at row 2k+4), RGB, 40x40."""
-    images, labels = synthetic_digits(10 * per_class, seed)
-    for k, name in enumerate(classes):
-        (root / name).mkdir(parents=True)
-        picks = (labels == k).nonzero().flatten()[:per_class]
-        for i, index in enumerate(picks.tolist()):
-            image = Image.fromarray(images[index].numpy(), mode="L").resize((40, 40)).convert("RGB")
-            image.save(root / name / f"{i}.{'png' if i % 2 else 'jpg'}")
-    return root
+from tests.conftest import CLASSES, ROOT, write_classes
 
 
 def fit_args(root: Path, logs: Path, *extra: str) -> list[str]:
@@ -78,7 +64,7 @@ def test_a_folder_model_predicts_new_images_with_its_class_names_into_its_run(tm
     checkpoint's class names and normalisation, the CSV in the checkpoint's run."""
     import shutil
 
-    from project.folder.data import decode
+    from project.images import prepare_resized
     from project.module import MNISTClassifier
 
     root = write_classes(tmp_path / "my_data")
@@ -113,9 +99,10 @@ def test_a_folder_model_predicts_new_images_with_its_class_names_into_its_run(tm
     assert any(Path(r["path"]).name == "notes.txt" for r in rows if r not in decoded)  # named, not predicted
     # Each answer is the checkpoint's model on the file prepared as in training, with the checkpoint's mean/std.
     model = MNISTClassifier.load_from_checkpoint(ckpt, weights_only=True).eval()
-    state = torch.load(ckpt, weights_only=True)["ImageFolderDataModule"]
+    state = torch.load(ckpt, weights_only=True)["input"]  # the input contract: project.inputs
+    assert (state["size"], state["channels"], state["preparation"]) == (28, 1, "resize")
     mean, std = torch.tensor(state["mean"]).view(1, -1, 1, 1), torch.tensor(state["std"]).view(1, -1, 1, 1)
-    x = torch.stack([decode(Path(r["path"]), 28, 1) for r in decoded]).float().div(255)
+    x = torch.stack([prepare_resized(Path(r["path"]), 28, 1) for r in decoded]).float().div(255)
     with torch.no_grad():
         expected = model((x - mean) / std).argmax(dim=1).tolist()
     assert [int(r["pred"]) for r in decoded] == expected

@@ -23,19 +23,13 @@ PACKAGE = ROOT / "project"
 PRIVATE = [
     ("lightning.pytorch.cli:LightningCLI", "_parse_ckpt_path", ["self"]),  # lightning_cli.py: --ckpt_path auto
     ("lightning.pytorch.cli:LightningCLI", "_instantiate_trainer", ["self", "config", "callbacks"]),  # lightning_cli.py
-    ("lightning.pytorch.cli:LightningCLI", "_parser", ["self", "subcommand"]),  # lightning_cli.py
-    ("lightning.pytorch.cli:LightningCLI", "_get", ["self", "config", "key", "default"]),  # lightning_cli.py
     ("lightning.pytorch.callbacks:ModelCheckpoint", "_should_skip_saving_checkpoint", ["self", "trainer"]),
     ("lightning.pytorch.callbacks:ModelCheckpoint", "_save_last_checkpoint", ["self", "trainer", "monitor_candidates"]),
     ("lightning.pytorch.callbacks:ModelCheckpoint", "_monitor_candidates", ["self", "trainer"]),
     ("lightning.pytorch.callbacks:ModelCheckpoint", "_should_save_on_train_epoch_end", ["self", "trainer"]),
     ("lightning.pytorch.callbacks:ModelCheckpoint", "_last_global_step_saved", None),
-    ("lightning.pytorch.callbacks:LearningRateFinder", "_min_lr", None),  # lr_finder.py: the range searched
-    ("lightning.pytorch.callbacks:LearningRateFinder", "_max_lr", None),
     ("lightning.pytorch.utilities.exceptions", "_TunerExitException", None),  # lr_finder.py: --lr_find.train_after
     ("lightning.pytorch.callbacks:ThroughputMonitor", "_module_has_flops", None),  # monitors.py: no FLOP warning
-    ("lightning.pytorch:LightningModule", "_trainer", None),  # module.py: attached to a Trainer or not
-    ("lightning.pytorch:LightningModule", "_hparams_initial", None),  # module.py: the net's hparams on load
     ("torch.optim.lr_scheduler:LRScheduler", "_last_lr", None),  # schedules.py
     ("argparse:ArgumentParser", "_option_string_actions", None),  # lightning_cli.py: the options a parser knows
     ("lightning.fabric.utilities.distributed", "_init_dist_connection",  # [elastic]
@@ -43,12 +37,15 @@ PRIVATE = [
     ("lightning.pytorch.strategies:DDPStrategy", "_get_process_group_backend", ["self"]),  # [elastic]
     ("lightning.pytorch.strategies:DDPStrategy", "_process_group_backend", None),  # [elastic]
     ("lightning.pytorch.strategies:DDPStrategy", "_timeout", None),  # [elastic]
+    # >>> serve
+    # LitServe's: all in project/serve/litserve_workarounds.py, applied to the versions it names only.
     ("litserve:LitServer", "_start_server",  # [serve]
      ["self", "port", "num_uvicorn_servers", "log_level", "sockets", "uvicorn_worker_type", "kwargs"]),  # [serve]
     ("litserve:LitServer", "_init_manager", ["self", "num_api_servers"]),  # [serve]
     ("litserve:LitServer", "_transport", None),  # [serve]
     ("litserve.transport.zmq_queue:Producer", "_socket", None),  # [serve]
     ("litserve.transport.zmq_queue:Producer", "_context", None),  # [serve]
+    # <<< serve
     ("lightning.pytorch.loggers:WandbLogger", "_wandb_init", None),  # [track]
     ("lightning.pytorch.loggers:WandbLogger", "_save_dir", None),  # [track]
     ("lightning.pytorch.loggers:WandbLogger", "_name", None),  # [track]

@@ -73,8 +73,10 @@ def test_the_readme_layout_names_every_module_and_only_those():
     present |= {f"{feature}/" for feature in FEATURES}
     assert shown == present, f"missing from the README: {present - shown}; not in project/: {shown - present}"
     for feature, line in re.findall(r"^  (\w+)/ +(.*)$", tree, flags=re.M):  # the files a feature's line names
-        for name in re.findall(r"\b\w+\.py\b", line):
-            assert (package / feature / name).is_file(), f"the README names {feature}/{name}, not in {package.name}/"
+        named = set(re.findall(r"\b\w+\.py\b", line))
+        files = {p.name for p in (package / feature).glob("*.py") if not p.name.startswith("__")}
+        extra, omitted = sorted(named - files), sorted(files - named)
+        assert named == files, f"the README's {feature}/ line names {extra}, not there, and omits {omitted}"
     for entry in re.findall(r"^([\w.-]+/?) ", tree, flags=re.M):  # the top-level folders and files
         assert (ROOT / entry).exists(), f"the README's layout shows {entry}, which does not exist"
 
@@ -94,7 +96,7 @@ def test_every_documented_command_parses(command, trained_ckpt, capsys, tmp_path
     assert args[0] in listed, command
     package = cli_main.__module__.rpartition(".")[0]  # "project", or the package_name of a copy
     try:
-        module = importlib.import_module(f"{package}.{listed[args[0]][0]}")
+        module = importlib.import_module(f"{package}.{listed[args[0]][0].rpartition('.')[0]}")
         if hasattr(module, "__path__"):  # a feature's package: the module of its own that builds the parser
             names = [f"{module.__name__}.{m.name}" for m in pkgutil.iter_modules(module.__path__)]
             module = next(m for m in map(importlib.import_module, names) if hasattr(m, "build_parser"))

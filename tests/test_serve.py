@@ -167,7 +167,7 @@ def test_answers_equal_predict_step_for_png_and_jpeg_as_multipart_and_base64(ser
     with urllib.request.urlopen(f"{server}/info") as r:
         info = json.load(r)["model"]
     assert info["kind"] == "torch" and info["checkpoint"] == str(trained_ckpt)
-    assert len(info["class_names"]) == 10
+    assert len(info["input"]["class_names"]) == 10 and info["input"]["preparation"] == "mnist_digit"
 
 
 def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(server, trained_ckpt):
@@ -365,7 +365,7 @@ def test_the_page_in_a_real_browser_draws_drops_clears_and_shows_the_blank_messa
         proc, url = start_server(f"--ckpt_path={mnist_ckpt}", "--workers=1")
         try:
             with urllib.request.urlopen(f"{url}/info") as r:
-                names = json.load(r)["model"]["class_names"]  # "0 - zero", ...: what the page shows
+                names = json.load(r)["model"]["input"]["class_names"]  # "0 - zero", ...: what the page shows
             driver.get(f"{url}/")
             assert driver.title == "Draw a digit"
             stroke(driver, [(140, 45), (140, 235)])  # a "1", by mouse
@@ -524,8 +524,8 @@ def test_fast_queue_keeps_requests_and_answers_out_of_the_manager_and_loses_no_f
     import multiprocessing.queues
     import pickle
 
+    from project.serve.litserve_workarounds import ZMQAnswers
     from project.serve.server import DigitAPI, DigitServer
-    from project.serve.zmq_answers import ZMQAnswers
 
     server = DigitServer(DigitAPI({}), fast_queue=True)
     manager = server._init_manager(2)
@@ -556,6 +556,18 @@ def test_fast_queue_keeps_requests_and_answers_out_of_the_manager_and_loses_no_f
         server._transport.close()  # the main process's copy, never set up: LitServe's raised here
     finally:
         manager.shutdown()
+
+
+def test_the_litserve_workarounds_apply_only_to_the_versions_they_were_tested_with(monkeypatch):
+    import litserve
+
+    from project.serve import litserve_workarounds as workarounds
+
+    assert litserve.__version__ in workarounds.TESTED, "a new LitServe: test the workarounds with it, then list it"
+    assert workarounds.server_base() is workarounds.LitServerWorkarounds
+    monkeypatch.setattr(litserve, "__version__", "9.9.9")
+    with pytest.warns(UserWarning, match=r"LitServe 9\.9\.9 is not one the serve workarounds were tested with"):
+        assert workarounds.server_base() is litserve.LitServer
 
 
 def test_no_thread_hop_per_request_and_an_api_key_is_still_checked(monkeypatch):
@@ -725,3 +737,55 @@ def test_a_stuck_worker_fails_health_and_times_out_requests_and_sigkill_of_main_
 
 def test_the_serve_help_shows_the_defaults(capsys):
     assert_help_shows_defaults("serve", "--port PORT           TCP port, 1024-65535 (default: 8000)", capsys)
+
+
+# >>> folder
+@pytest.mark.slow  # a server of its own and a predict: ~25 s
+def test_a_folder_model_is_served_with_the_answers_predict_gives_for_the_same_files(rgb_folder_ckpt, tmp_path):
+    """RGB 32x32 from an image folder: the server prepares and normalises as the checkpoint's contract says, so each
+    file gets the answer `predict --data.predict_dir` writes for it (both in fp32)."""
+    import csv
+    import shutil
+
+    from project.cli import cli_main
+
+    ckpt, root = rgb_folder_ckpt
+    copy = tmp_path / "model.ckpt"  # predict writes beside its checkpoint's run: not into the shared fixture's
+    shutil.copy(ckpt, copy)
+    new = tmp_path / "new_images"
+    new.mkdir()
+    for name in ("cat", "dog", "emu"):
+        for i in (0, 1, 2):
+            source = root / name / f"{i}.{'png' if i % 2 else 'jpg'}"
+            shutil.copy(source, new / f"{name}_{source.name}")
+    Image.open(new / "dog_1.png").resize((97, 61)).save(new / "dog_1.png")  # any size: resized as in training
+    predict = cli_main(
+        [
+            "predict",
+            "--config",
+            str(ROOT / "configs" / "folder.yaml"),
+            f"--data.root={root}",
+            f"--data.predict_dir={new}",
+            "--trainer.precision=32-true",  # the server runs fp32
+            f"--trainer.logger.init_args.save_dir={tmp_path / 'logs'}",
+            f"--ckpt_path={copy}",
+        ]
+    )
+    with (Path(predict.trainer.log_dir) / "predictions.csv").open() as f:
+        rows = {Path(r["path"]).name: r for r in csv.DictReader(f)}
+    assert len(rows) == 9
+    proc, url = start_server(f"--ckpt_path={ckpt}")
+    try:
+        with urllib.request.urlopen(f"{url}/info") as r:
+            assert json.load(r)["model"]["input"] == torch.load(ckpt, weights_only=True)["input"]
+        for path in sorted(new.iterdir()):
+            status, answer = post_file(url, path.read_bytes(), path.name)
+            row = rows[path.name]
+            assert status == 200, answer
+            assert answer["pred"] == int(row["pred"]) and answer["pred_name"] == row["pred_name"], (answer, row)
+            assert answer["probs"] == pytest.approx([float(row[f"prob_{c}"]) for c in range(3)], abs=2e-6)
+    finally:
+        stop(proc)
+
+
+# <<< folder

@@ -62,13 +62,17 @@ def test_search_space_types_and_errors_naming_the_key(tmp_path):
             load_search_space(write(tmp_path, text))
 
 
-def test_the_shipped_search_space_names_keys_fit_accepts():
-    from project.tune.search import check_keys
+def test_the_shipped_search_space_names_keys_fit_accepts(tmp_path):
+    from project.tune.search import check_fit
 
     search = str(ROOT / "configs" / "search.yaml")
     space = load_search_space(search)
     assert "model.optimizer.init_args.lr" in space and space["data.batch_size"]["type"] == "categorical"
-    check_keys(space, ["--config", str(ROOT / "configs" / "default.yaml")], search)  # raises on an unknown key
+    default = ["--config", str(ROOT / "configs" / "default.yaml")]
+    assert check_fit(space, default, search) == Path("logs")  # raises on an unknown key
+    # The runs' folder as the CLI resolves it: from a --config file too, not only from the command line.
+    overlay = write(tmp_path, "trainer:\n  logger:\n    init_args:\n      save_dir: elsewhere\n")
+    assert check_fit(space, [*default, "--config", overlay], search) == Path("elsewhere")
 
 
 def test_an_unknown_key_is_an_error_before_any_trial(mnist_dir, tmp_path, monkeypatch, capsys):

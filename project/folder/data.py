@@ -6,24 +6,16 @@ from typing import Any, Literal
 import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info
-from PIL import Image
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from project.data import DataError, InMemoryDataset, check_folds, fold_indices, keep_batch, random_shift_rotate
-from project.images import IMAGE_SUFFIXES, list_files
+from project.images import IMAGE_SUFFIXES, list_files, prepare_resized
+from project.inputs import InputContract
 
 
 class FolderDataError(DataError):
     """The image folder is missing, empty, has a class without images, or no image could be decoded."""
-
-
-def decode(path: Path, size: int, channels: int) -> Tensor:
-    """One image file as uint8 (channels, size, size): greyscale or RGB, resized (aspect ratio not kept)."""
-    with Image.open(path) as image:
-        image = image.convert("L" if channels == 1 else "RGB").resize((size, size), Image.Resampling.BILINEAR)
-        array = torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8)
-    return array.view(size, size, channels).permute(2, 0, 1).contiguous()
 
 
 class FileDataset(Dataset):
@@ -36,7 +28,7 @@ class FileDataset(Dataset):
         return len(self.files)
 
     def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
-        return decode(self.files[index], self.size, self.channels), self.labels[index]
+        return prepare_resized(self.files[index], self.size, self.channels), self.labels[index]
 
 
 class ImageFolderDataModule(L.LightningDataModule):
@@ -161,7 +153,7 @@ class ImageFolderDataModule(L.LightningDataModule):
         images, kept_labels, kept = [], [], []
         for path, label in zip(files, labels, strict=True):
             try:
-                images.append(decode(path, self.image_size, self.channels))
+                images.append(prepare_resized(path, self.image_size, self.channels))
             except Exception as exc:  # PIL raises several types for truncated or foreign files
                 self.skipped.append((path, f"{type(exc).__name__}: {exc}"))
                 continue
@@ -177,21 +169,20 @@ class ImageFolderDataModule(L.LightningDataModule):
         return n * self.channels * self.image_size**2 <= self.max_memory_mb * 2**20
 
     def setup(self, stage: str) -> None:
-        """List the files, split them with ``seed``, decode them (in memory) and measure the normalisation; for
-        ``predict`` with ``predict_dir``, decode those images too."""
+        """List the files, split them with ``seed``, decode them (in memory) and measure the normalisation."""
+        if stage == "predict" and self.predict_dir is not None and not self.predict_dir.is_dir():
+            raise FolderDataError(f"data.predict_dir: {self.predict_dir} is not a folder of images.")
         if not self.splits:  # fit, then test_after_fit: decode once
             self._setup_splits()
-        if stage == "predict" and self.predict_dir is not None and not self.predict_files:
-            self._load_predict_dir()
 
     def _load_predict_dir(self) -> None:
-        """The images of ``predict_dir`` as the predict split, in file-name order (unlabelled)."""
-        if not self.predict_dir.is_dir():
-            raise FolderDataError(f"data.predict_dir: {self.predict_dir} is not a folder of images.")
+        """The images of ``predict_dir`` as the predict split, in file-name order (unlabelled), prepared by the input
+        contract in force: the checkpoint's, once ``load_input_contract`` has taken it."""
         images = []
+        self.predict_files, self.predict_failures = [], []
         for path in list_files(self.predict_dir):
             try:
-                images.append(decode(path, self.image_size, self.channels))
+                images.append(prepare_resized(path, self.image_size, self.channels))
             except Exception as exc:  # PIL raises several types for truncated or foreign files
                 self.predict_failures.append((path, f"{type(exc).__name__}: {exc}"))
                 continue
@@ -267,6 +258,9 @@ class ImageFolderDataModule(L.LightningDataModule):
         return self._loader("test")
 
     def predict_dataloader(self) -> DataLoader:
+        # Decoded only now, after the Trainer restored the checkpoint's contract (which follows setup).
+        if self.predict_dir is not None:
+            self._load_predict_dir()
         return self._loader("predict")
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
@@ -279,9 +273,30 @@ class ImageFolderDataModule(L.LightningDataModule):
             x = random_shift_rotate(x, background=float((-self.mean / self.std).mean()))
         return x if y is None else (x, y)
 
-    def state_dict(self) -> dict[str, Any]:
-        # In the checkpoint: evaluating it later normalises exactly as training did.
-        return {"mean": self.mean.tolist(), "std": self.std.tolist(), "class_names": self.class_names}
+    def input_contract(self) -> InputContract:
+        """What the model trained on these images takes (saved in each checkpoint: ``project.inputs``)."""
+        return InputContract(
+            size=self.image_size,
+            channels=self.channels,
+            mean=tuple(self.mean.tolist()),
+            std=tuple(self.std.tolist()),
+            class_names=tuple(self.class_names),
+            preparation="resize",
+        )
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.mean, self.std = torch.tensor(state_dict["mean"]), torch.tensor(state_dict["std"])
+    def load_input_contract(self, contract: InputContract) -> None:
+        """Prepare and normalise as the checkpoint's training did: its size, channels, mean and std."""
+        if contract.preparation != "resize":
+            raise FolderDataError(
+                f"the checkpoint's model takes {contract.preparation} images, not resized folder images: use the "
+                "DataModule it was trained with."
+            )
+        if (contract.size, contract.channels) != (self.image_size, self.channels):
+            rank_zero_info(
+                f"Using the checkpoint's data.image_size={contract.size}, data.channels={contract.channels} "
+                f"(configured: {self.image_size}, {self.channels})."
+            )
+            self.image_size, self.channels = contract.size, contract.channels
+            if self.splits:  # decoded at the configured size: again at the checkpoint's
+                self._setup_splits()
+        self.mean, self.std = torch.tensor(contract.mean), torch.tensor(contract.std)

@@ -1,13 +1,11 @@
 """A listening socket of its own for each of LitServe's forked HTTP servers, so the kernel spreads connections.
 
-LitServe 0.2.19 binds one socket and every forked HTTP server accepts on it. The event loop that wakes first takes
-every connection waiting, so a client that opens a few keep-alive connections at once (a reverse proxy, a load
-generator) can land all of them on one server while the other idles. With ``wrk`` at 8 connections (2 cores, ONNX,
-max_batch_size 8) all 8 went to one server in 2 of 7 runs, at 517 and 611 req/s against 624-819 for the others.
-With ``SO_REUSEPORT`` each server listens on a socket of its own, bound to the same address, and the kernel hands
-each new connection to one of them by a hash of the client's address and port: 654-966 req/s in 7 runs
-(alternating; at 64 connections no difference beyond the noise). Linux only: other systems do not balance, so
-they keep the shared socket.
+LitServe binds one socket and every forked HTTP server accepts on it. The event loop that wakes first takes every
+connection waiting, so a client that opens a few keep-alive connections at once (a reverse proxy, a load generator)
+can land all of them on one server while the other idles (measured: docs/benchmarks.md). With ``SO_REUSEPORT`` each
+server listens on a socket of its own, bound to the same address, and the kernel hands each new connection to one of
+them by a hash of the client's address and port. Linux only: other systems do not balance, so they keep the shared
+socket.
 """
 
 import os

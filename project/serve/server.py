@@ -10,9 +10,10 @@ Routes: ``POST /predict`` (multipart ``file``, JSON ``{"image": "<base64>"}`` or
 ``GET /health`` (200 while an inference worker answers: its model loaded, its heartbeat fresh), ``GET /info``
 (the model, checkpoint and classes served), ``GET /metrics`` (Prometheus: ``project.serve.metrics``) and ``GET /``
 (a page to draw a digit on, ``project/serve/page.html``; ``--no-page`` leaves LitServe's own text there).
-Images are prepared by ``project/images.py``, the code ``predict --data.predict_dir`` runs, so a file gets the same
-answer from both. SIGTERM (``docker stop``, systemd, Kubernetes) and SIGINT (Ctrl-C, which the terminal sends to every
-process of the group) stop accepting, answer what is in flight and exit 0; only the main process acts on them.
+Images are prepared as the model's input contract says (``project.inputs``: read from the checkpoint, or from
+the ONNX file's metadata), with the code ``predict --data.predict_dir`` runs, so a file gets the same answer from
+both. SIGTERM (``docker stop``, systemd, Kubernetes) and SIGINT (Ctrl-C, which the terminal sends to every process
+of the group) stop accepting, answer what is in flight and exit 0; only the main process acts on them.
 Should the main process die without that (SIGKILL), every other one dies with it (``project.serve.lifetime``).
 """
 
@@ -25,7 +26,6 @@ import json
 import multiprocessing
 import os
 import signal
-import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -39,7 +39,7 @@ from starlette.requests import ClientDisconnect
 from starlette.routing import Route
 
 from project.cli import HelpFormatter
-from project.images import BlankImage, ImageTooLarge, prepare_image
+from project.images import BlankImage, ImageTooLarge
 from project.serve.lifetime import AnswerWithin, Heartbeat, end_with_parent, forks_end_with_this_process
 
 try:
@@ -49,39 +49,31 @@ try:
 except ImportError as exc:  # an optional extra
     raise ImportError("`serve` needs LitServe: pip install -e '.[serve]'") from exc
 
+from project.serve.litserve_workarounds import server_base
 from project.serve.metrics import CountRequests, ModelLoadTime, metrics, metrics_folder, scrape
 from project.serve.page import page
-from project.serve.reuse_port import BALANCES, SocketPerServer
-from project.serve.zmq_answers import ZMQAnswers
 
 JSON_HELP = 'send the image as multipart/form-data (field "file") or as JSON {"image": "<base64 PNG/JPEG>"}'
 
 
 def describe(ckpt_path: str | None = None, model_path: str | None = None) -> dict[str, Any]:
-    """What will be served, checked before any process starts: its kind, file, classes and input normalisation.
+    """What will be served, checked before any process starts: its kind, file, network and input contract.
 
     Raises:
-        CheckpointError: the checkpoint is missing, foreign or unsafe (the loader ``test`` and ``predict`` use).
-        ValueError: the ONNX file is missing or not a model onnxruntime opens; the checkpoint was trained on
-            images other than MNIST-style digits.
+        CheckpointError: the checkpoint is missing, foreign, unsafe, or records no input contract.
+        ValueError: the ONNX file is missing, not a model onnxruntime opens, or carries no input contract.
     """
-    from project.data import DATASETS, trained_on
+    from project.inputs import InputContract, read_contract
 
     if ckpt_path is not None:
         from project.checkpointing import load_checkpoint
 
         checkpoint = load_checkpoint(ckpt_path)  # refuses a missing, foreign or pickled-code file, loading nothing
-        data = checkpoint.get("datamodule_hyper_parameters", {})
-        if "root" in data:  # ImageFolderDataModule: its own sizes, channels and normalisation
-            raise ValueError(
-                f"{ckpt_path} was trained on an image folder (data.root={data['root']}); serve prepares images as "
-                "MNIST digits (28x28 greyscale) and serves MNISTDataModule checkpoints."
-            )
         return {
             "kind": "torch",
             "path": str(Path(ckpt_path).resolve()),
             "checkpoint": str(ckpt_path),
-            **trained_on(checkpoint),
+            "input": read_contract(checkpoint, ckpt_path),
             "net": checkpoint.get("hyper_parameters", {}).get("net"),
         }
     import onnxruntime as ort
@@ -93,16 +85,18 @@ def describe(ckpt_path: str | None = None, model_path: str | None = None) -> dic
         meta = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).get_modelmeta().custom_metadata_map
     except Exception as exc:
         raise ValueError(f"--model {path} is not an ONNX model onnxruntime can open: {exc}") from exc
-    dataset = meta.get("dataset", "mnist")
-    _, mean, std = DATASETS.get(dataset, DATASETS["mnist"])
+    try:
+        contract = InputContract.from_dict(json.loads(meta["input"]))
+    except (KeyError, ValueError, TypeError) as exc:
+        raise ValueError(
+            f"--model {path}: its metadata has no valid input contract ('input': {exc}). Export it again with "
+            "`python -m project export`, which writes one."
+        ) from None
     return {
         "kind": "onnx",
         "path": str(path.resolve()),
         "checkpoint": meta.get("checkpoint"),  # export writes it into the file's metadata
-        "dataset": dataset,
-        "mean": float(meta.get("mean", mean)),
-        "std": float(meta.get("std", std)),
-        "class_names": json.loads(meta["class_names"]) if "class_names" in meta else [str(i) for i in range(10)],
+        "input": contract,
         "net": json.loads(meta["net"]) if "net" in meta else None,
     }
 
@@ -111,8 +105,8 @@ async def read_image_request(request: Request) -> dict[str, Any]:
     """Read one ``/predict`` request and prepare its image, in the HTTP server, before it can join a batch.
 
     Returns:
-        ``{"image": the (28, 28) uint8 pixels as 784 bytes, "name": the uploaded file's name or JSON "name", else
-        None}``.
+        ``{"image": the prepared uint8 pixels (channels, size, size of the input contract) as bytes, "name": the
+        uploaded file's name or JSON "name", else None}``.
 
     Raises:
         HTTPException: 413 for a body or image over the limits, 415 for a content type this route does not take,
@@ -164,7 +158,7 @@ async def read_image_request(request: Request) -> dict[str, Any]:
     if not data:
         raise refuse(400, "empty_image", f"{what} is empty")
     try:
-        digit = prepare_image(io.BytesIO(data), max_pixels=limits["max_pixels"])
+        pixels = request.app.state.contract.prepare(io.BytesIO(data), max_pixels=limits["max_pixels"])
     except ImageTooLarge as exc:
         raise refuse(413, "image_too_large", f"{what}: {exc}") from None
     except BlankImage as exc:
@@ -172,8 +166,8 @@ async def read_image_request(request: Request) -> dict[str, Any]:
     except ValueError as exc:
         raise refuse(400, "not_an_image", f"{what}: {exc}") from None
     # Bytes, not an array: LitServe formats each request into a debug message (even with debug logging off), and
-    # numpy's repr of a 28x28 array costs milliseconds; 784 bytes cost microseconds, and pickle as compactly.
-    return {"image": digit.numpy().tobytes(), "name": name}
+    # numpy's repr of an image array costs milliseconds; its bytes cost microseconds, and pickle as compactly.
+    return {"image": pixels.numpy().tobytes(), "name": name}
 
 
 def refuse(status: int, reason: str, detail: str) -> HTTPException:
@@ -183,19 +177,19 @@ def refuse(status: int, reason: str, detail: str) -> HTTPException:
 
 
 def load_predictor(served: dict[str, Any], device: str, threads: int) -> Any:
-    """``images (B, 28, 28) uint8 -> probabilities (B, C) float32`` for the served model, on ``device``."""
+    """``images (B, C, S, S) uint8 -> probabilities (B, classes) float32`` for the served model, on ``device``."""
     import torch
 
     torch.set_num_threads(threads)
+    contract = served["input"]
     if served["kind"] == "torch":
-        from project.data import normalize
         from project.module import MNISTClassifier
 
         model = MNISTClassifier.load_from_checkpoint(served["path"], map_location=device, weights_only=True)
         model.eval()
 
         def predict_torch(images: np.ndarray) -> np.ndarray:
-            x = normalize(torch.from_numpy(images).to(device), served["mean"], served["std"])
+            x = contract.normalize(torch.from_numpy(images).to(device))
             with torch.inference_mode():
                 return model.predict_step(x, 0)["probs"].cpu().numpy()  # what `predict` writes to its CSV
 
@@ -207,11 +201,9 @@ def load_predictor(served: dict[str, Any], device: str, threads: int) -> Any:
     providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if device.startswith("cuda") else None
     session = ort.InferenceSession(served["path"], options, providers=providers or ["CPUExecutionProvider"])
     input_name = session.get_inputs()[0].name
-    mean, std = np.float32(served["mean"]), np.float32(served["std"])
 
     def predict_onnx(images: np.ndarray) -> np.ndarray:
-        x = ((images[:, None].astype(np.float32) / np.float32(255)) - mean) / std  # as project.data.normalize
-        logits = session.run(None, {input_name: x})[0]
+        logits = session.run(None, {input_name: contract.normalize_numpy(images)})[0]
         e = np.exp(logits - logits.max(axis=1, keepdims=True))
         return e / e.sum(axis=1, keepdims=True)
 
@@ -269,7 +261,7 @@ class DigitAPI(ls.LitAPI):
     def predict(self, x: dict | list[dict]) -> dict | list[dict]:
         items = x if isinstance(x, list) else [x]  # max_batch_size 1: one request, not a list
         pixels = bytearray(b"".join(item["image"] for item in items))  # writable, as torch.from_numpy wants
-        images = np.frombuffer(pixels, np.uint8).reshape(len(items), 28, 28)
+        images = np.frombuffer(pixels, np.uint8).reshape(len(items), *self.served["input"].shape)
         probs = self.predict_probs(images)  # (B, C)
         metrics().batch_size.observe(len(items))
         out = [
@@ -282,7 +274,7 @@ class DigitAPI(ls.LitAPI):
         pred = int(probs.argmax())
         answer = {
             "pred": pred,
-            "pred_name": self.served["class_names"][pred],
+            "pred_name": self.served["input"].class_names[pred],
             "prob": round(float(probs[pred]), 6),
             "probs": [round(float(p), 6) for p in probs],
             "batch_size": output["batch_size"],  # how many requests ran through the model together
@@ -327,18 +319,9 @@ def stop_on_signals() -> None:
     uvicorn.server.HANDLED_SIGNALS = (signal.SIGTERM,)
 
 
-class DigitServer(ls.LitServer):
-    """``LitServer`` whose ``fast_queue=True`` keeps requests and answers out of the ``multiprocessing.Manager``,
-    whose default no-authentication dependency runs in the event loop (``setup_auth``), and whose HTTP servers
-    each listen on a socket of their own (``_start_server``, ``project.serve.reuse_port``).
-
-    LitServe 0.2.19 sends both through Manager proxies: every request is a synchronous round trip to the manager
-    process from inside the HTTP server's event loop (20% of its samples under load, py-spy) and another one from
-    the inference worker, and so is every answer (45% of the worker's samples). Its ``fast_queue`` was meant to
-    fix the answers with ZeroMQ but never takes effect (see ``project.serve.zmq_answers``). Here requests travel over a
-    ``multiprocessing.Queue`` (a pipe, written by a feeder thread: ``put`` returns at once) and answers over
-    ``ZMQAnswers``: 565 -> 906 req/s at concurrency 64 with max_batch_size 32, 519 -> 694 with 1 (one run each).
-    """
+class DigitServer(server_base()):
+    """LitServe's server (with ``project.serve.litserve_workarounds`` on the versions they were tested with), whose
+    default no-authentication dependency runs in the event loop and whose inference workers ignore Ctrl-C."""
 
     def setup_auth(self, lit_api: ls.LitAPI | None = None) -> Callable:
         auth = super().setup_auth(lit_api)
@@ -346,19 +329,6 @@ class DigitServer(ls.LitServer):
         # back, per request, while the event loop holds the GIL. The same no-op as a coroutine runs in the loop.
         # An API key (LIT_SERVER_API_KEY) or a LitAPI.authorize is kept as it is.
         return allow_all if auth is no_auth else auth
-
-    def _start_server(
-        self,
-        port: int,
-        num_uvicorn_servers: int,
-        log_level: str,
-        sockets: list[socket.socket],
-        uvicorn_worker_type: str,
-        **kwargs: Any,
-    ) -> dict:
-        if num_uvicorn_servers > 1 and uvicorn_worker_type == "process" and BALANCES:
-            sockets = SocketPerServer(sockets[0])  # a listening socket per HTTP server: see project.serve.reuse_port
-        return super()._start_server(port, num_uvicorn_servers, log_level, sockets, uvicorn_worker_type, **kwargs)
 
     def launch_inference_worker(self, lit_api: ls.LitAPI) -> list:
         # Spawned with SIGINT ignored, which stays ignored across exec (Python then installs no KeyboardInterrupt
@@ -368,18 +338,6 @@ class DigitServer(ls.LitServer):
             return super().launch_inference_worker(lit_api)
         finally:
             signal.signal(signal.SIGINT, previous)
-
-    def _init_manager(self, num_api_servers: int) -> Any:
-        if not self.use_zmq:
-            return super()._init_manager(num_api_servers)  # LitServe's own transports
-        self.transport_config.transport_type = "zmq"  # starts the broker, a thread of this process
-        manager = super()._init_manager(num_api_servers)
-        spawn = multiprocessing.get_context("spawn")  # the inference workers are spawned; the HTTP servers fork
-        for path in self.litapi_request_queues:
-            self.litapi_request_queues[path] = spawn.Queue()
-        config = self.transport_config
-        self._transport = ZMQAnswers(config.backend_address, config.frontend_address, num_api_servers)
-        return manager
 
 
 def serve(args: argparse.Namespace) -> None:
@@ -404,7 +362,8 @@ def run(args: argparse.Namespace, served: dict[str, Any]) -> None:
         fast_queue=args.fast_queue,
         callbacks=[ModelLoadTime()],
         model_metadata={
-            **{k: served[k] for k in ("kind", "path", "checkpoint", "dataset", "class_names", "net")},
+            **{k: served[k] for k in ("kind", "path", "checkpoint", "net")},
+            "input": served["input"].to_dict(),
             "max_batch_size": args.max_batch_size,
             "batch_timeout": args.batch_timeout,
             "threads_per_worker": args.threads,
@@ -412,6 +371,7 @@ def run(args: argparse.Namespace, served: dict[str, Any]) -> None:
         },
     )
     server.app.state.limits = {"max_body_bytes": max_body_bytes, "max_pixels": args.max_pixels}
+    server.app.state.contract = served["input"]  # how an HTTP server prepares an image: as the checkpoint says
     server.app.add_middleware(AnswerWithin, seconds=args.timeout)
     server.app.add_middleware(CountRequests)  # outermost: it counts AnswerWithin's 504s too
     server.app.add_route("/metrics", scrape, methods=["GET"])
@@ -427,10 +387,9 @@ def run(args: argparse.Namespace, served: dict[str, Any]) -> None:
     )
     stop_on_signals()
     forks_end_with_this_process()  # the HTTP servers and LitServe's Manager: no orphans if this process is killed
-    # The HTTP servers fork from this process with its ~485k objects (torch, Lightning, FastAPI), and Python's
-    # full collection walks all of them: 220-280 ms with the event loop stopped, twice in 10 s under load, so
-    # every request in flight waited that long (p99 260 -> 125 ms at concurrency 64, p50 unchanged). Frozen, a
-    # full collection sees only what was made since: 2-6 ms. The inference worker freezes after its setup.
+    # The HTTP servers fork from this process with the objects of torch, Lightning and FastAPI, and Python's full
+    # collection walks all of them with the event loop stopped: the p99 tail (docs/benchmarks.md). Frozen, a full
+    # collection sees only what was made since. The inference worker freezes after its setup.
     gc.freeze()
     try:
         server.run(

@@ -16,8 +16,6 @@ the best trial's values are written as a YAML overlay, ``<save_dir>/<study>/best
 """
 
 import argparse
-import contextlib
-import io
 import json
 import math
 import secrets
@@ -29,7 +27,8 @@ from typing import Any
 import lightning as L
 import yaml
 
-from project.cli import HelpFormatter
+from project.cli import HelpFormatter, UserError
+from project.lightning_cli import nested
 
 try:
     import optuna
@@ -44,7 +43,7 @@ FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
 RUNNING = optuna.trial.TrialState.RUNNING
 
 
-class SearchSpaceError(ValueError):
+class SearchSpaceError(UserError, ValueError):
     """A search space entry that is malformed or names a key the CLI does not know."""
 
 
@@ -108,23 +107,31 @@ def overrides(values: dict[str, Any]) -> list[str]:
     return [f"--{key}={json.dumps(value)}" for key, value in values.items()]
 
 
-def check_keys(space: dict[str, dict[str, Any]], fit_args: list[str], search: str) -> None:
-    """Parse ``fit`` once with every key set to a value of its range: a key the CLI does not know is an error."""
-    from project.cli import cli_main
+def check_fit(space: dict[str, dict[str, Any]], fit_args: list[str], search: str) -> Path:
+    """Parse and build ``fit`` once with every search key set to a value of its range, as a trial will.
+
+    Returns:
+        The runs' folder, ``<save_dir>`` of the TensorBoard logger the options (``--config`` files too) configure.
+
+    Raises:
+        SearchSpaceError: naming the keys the CLI does not accept, with its parser's message.
+    """
+    from jsonargparse import ArgumentError
+
+    from project.lightning_cli import run
 
     first = {k: (s["choices"][0] if s["type"] == "categorical" else s["low"]) for k, s in space.items()}
-    err = io.StringIO()
     try:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
-            cli_main(["fit", *fit_args, *overrides(first), "--print_config"])
-    except SystemExit as exc:
-        if exc.code not in (0, None):
-            message = err.getvalue().strip().splitlines()
-            named = [k for k in space if k in err.getvalue() or k.split(".")[-1] in err.getvalue()]
-            raise SearchSpaceError(
-                f"--search {search}: {', '.join(named) or 'a key'} is not accepted by fit: "
-                f"{message[-1] if message else exc}"
-            ) from None
+        cli = run([*fit_args, *overrides(first)], subcommand=False, exit_on_error=False)
+    except ArgumentError as exc:
+        lines = str(exc).strip().splitlines()
+        named = [k for k in space if k in str(exc) or k.split(".")[-1] in str(exc)]
+        why = lines[-1] if lines else exc
+        raise SearchSpaceError(
+            f"--search {search}: {', '.join(named) or 'a key'} is not accepted by fit: {why}"
+        ) from None
+    loggers = cli.trainer.loggers
+    return Path(loggers[0].save_dir if loggers and loggers[0].save_dir else "logs")
 
 
 RETRY = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=3)
@@ -259,29 +266,6 @@ class Tracker(L.Callback):
             trainer.logger.save()
 
 
-def option(args: list[str], key: str) -> str | None:
-    """The value of ``--key value`` or ``--key=value`` in ``args`` (the last one), or None."""
-    found = None
-    for i, arg in enumerate(args):
-        if arg == f"--{key}" and i + 1 < len(args):
-            found = args[i + 1]
-        elif arg.startswith(f"--{key}="):
-            found = arg.split("=", 1)[1]
-    return found
-
-
-def nested(values: dict[str, Any]) -> dict[str, Any]:
-    """``{"a.b.c": 1}`` -> ``{"a": {"b": {"c": 1}}}``: the YAML overlay ``fit --config`` reads."""
-    tree: dict[str, Any] = {}
-    for key, value in values.items():
-        node = tree
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    return tree
-
-
 def report(study: optuna.Study) -> str:
     """The trials as a table: number, state, value, epochs run, params."""
     keys = sorted({k for t in study.trials for k in t.params})
@@ -297,18 +281,19 @@ def report(study: optuna.Study) -> str:
     return "\n".join(lines)
 
 
-def study_dir(args: argparse.Namespace, fit_args: list[str]) -> Path:
-    """``<save_dir>/<study>/``: the trials' runs, the default SQLite file and best.yaml."""
-    return Path(option(fit_args, "trainer.logger.init_args.save_dir") or "logs") / args.study
+def tune(args: argparse.Namespace, fit_args: list[str]) -> tuple[optuna.Study, Path]:
+    """Run the study until ``args.trials`` trials are complete or pruned (across every process sharing it).
 
-
-def tune(args: argparse.Namespace, fit_args: list[str]) -> optuna.Study:
-    """Run the study until ``args.trials`` trials are complete or pruned (across every process sharing it)."""
+    Returns:
+        The study, and its folder ``<save_dir>/<study>/``.
+    """
     from project.lightning_cli import run
 
     space = load_search_space(args.search)
-    check_keys(space, fit_args, args.search)  # before the first trial: a typo costs seconds, not a trial
-    storage = storage_for(args.storage, study_dir(args, fit_args), args.study, args.heartbeat)
+    # Before the first trial: a typo costs seconds, not a trial. Its <save_dir>/<study>/ holds the trials' runs, the
+    # default SQLite file and best.yaml.
+    folder = check_fit(space, fit_args, args.search) / args.study
+    storage = storage_for(args.storage, folder, args.study, args.heartbeat)
     pruner = {
         "median": optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0),
         "hyperband": optuna.pruners.HyperbandPruner(),
@@ -356,7 +341,7 @@ def tune(args: argparse.Namespace, fit_args: list[str]) -> optuna.Study:
 
     if live_trials(study, storage) < args.trials:
         study.optimize(objective, timeout=args.timeout, callbacks=[stop_at_trials], gc_after_trial=True)
-    return study
+    return study, folder
 
 
 def main(argv: list[str] | None = None) -> optuna.Study:
@@ -365,7 +350,7 @@ def main(argv: list[str] | None = None) -> optuna.Study:
     if args.trials < 1 or args.heartbeat < 1:
         parser.error("--trials and --heartbeat must be >= 1")
     try:
-        study = tune(args, fit_args)
+        study, folder = tune(args, fit_args)
     except SearchSpaceError as exc:
         parser.error(str(exc))
     print(report(study))
@@ -378,7 +363,7 @@ def main(argv: list[str] | None = None) -> optuna.Study:
         print("No trial completed: nothing to write.")
         return study
     best = study.best_trial
-    out = study_dir(args, fit_args) / "best.yaml"
+    out = folder / "best.yaml"
     out.parent.mkdir(parents=True, exist_ok=True)
     header = (
         f"# tune study {args.study!r}: trial {best.number}, {args.metric} {best.value:.4f}. Use it as an overlay:\n"

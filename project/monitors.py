@@ -1,5 +1,6 @@
 """Seeing inside a run, on by default: per-layer weight and gradient histograms, training throughput."""
 
+import warnings
 from typing import Any
 
 import lightning as L
@@ -61,4 +62,5 @@ class Throughput(ThroughputMonitor):
 
     def __init__(self, window_size: int = 50) -> None:
         super().__init__(batch_size_fn=batch_size, window_size=window_size)
-        self._module_has_flops = False  # no FLOP count: Lightning would warn on every run
+        # No FLOP count for the user's model: Lightning's warning asking for one would show on every run.
+        warnings.filterwarnings("ignore", message=r"When using the `ThroughputMonitor`, you need to define")

@@ -29,7 +29,6 @@ PRIVATE = [
     ("lightning.pytorch.callbacks:ModelCheckpoint", "_should_save_on_train_epoch_end", ["self", "trainer"]),
     ("lightning.pytorch.callbacks:ModelCheckpoint", "_last_global_step_saved", None),
     ("lightning.pytorch.utilities.exceptions", "_TunerExitException", None),  # lr_finder.py: --lr_find.train_after
-    ("lightning.pytorch.callbacks:ThroughputMonitor", "_module_has_flops", None),  # monitors.py: no FLOP warning
     ("torch.optim.lr_scheduler:LRScheduler", "_last_lr", None),  # schedules.py
     ("argparse:ArgumentParser", "_option_string_actions", None),  # lightning_cli.py: the options a parser knows
     ("lightning.fabric.utilities.distributed", "_init_dist_connection",  # [elastic]

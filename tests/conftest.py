@@ -164,6 +164,44 @@ def write_classes(
     return root
 
 
+def new_images(root: Path, folder: Path, per_class: int) -> Path:
+    """``per_class`` files of each class of ``root`` copied into ``folder`` under new names, one of them resized to
+    another size and shape (dog_1.png, 97x61)."""
+    import shutil
+
+    from PIL import Image
+
+    folder.mkdir()
+    for name in CLASSES:
+        for i in range(per_class):
+            source = root / name / f"{i}.{'png' if i % 2 else 'jpg'}"
+            shutil.copy(source, folder / f"{name}_{source.name}")
+    Image.open(folder / "dog_1.png").resize((97, 61)).save(folder / "dog_1.png")
+    return folder
+
+
+def predict_folder(root: Path, images: Path, logs: Path, ckpt: Path, *extra: str):
+    """``predict`` of the folder-trained ``ckpt`` on the files of ``images``: the LightningCLI, and its CSV's rows."""
+    import csv
+
+    from project.cli import cli_main
+
+    cli = cli_main(
+        [
+            "predict",
+            "--config",
+            str(ROOT / "configs" / "folder.yaml"),
+            f"--data.root={root}",
+            f"--data.predict_dir={images}",
+            f"--trainer.logger.init_args.save_dir={logs}",
+            f"--ckpt_path={ckpt}",
+            *extra,
+        ]
+    )
+    with (Path(cli.trainer.log_dir) / "predictions.csv").open() as f:
+        return cli, list(csv.DictReader(f))
+
+
 @pytest.fixture(scope="session")
 def rgb_folder_ckpt(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A folder-trained RGB 32x32 model (SmallResNet, 3 classes, 2 epochs): its best checkpoint and its folder."""

@@ -5,12 +5,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from PIL import Image
 
 from project.cli import cli_main
 from project.data import DataError
 from project.folder.data import FileDataset, FolderDataError, ImageFolderDataModule
-from tests.conftest import CLASSES, ROOT, write_classes
+from tests.conftest import CLASSES, ROOT, new_images, predict_folder, write_classes
 
 
 def fit_args(root: Path, logs: Path, *extra: str) -> list[str]:
@@ -62,38 +61,18 @@ def test_fit_takes_the_classes_from_the_folders_and_predict_names_them(tmp_path)
 def test_a_folder_model_predicts_new_images_with_its_class_names_into_its_run(tmp_path):
     """predict --config configs/folder.yaml --data.root R --data.predict_dir D --ckpt_path CK: one row per file, the
     checkpoint's class names and normalisation, the CSV in the checkpoint's run."""
-    import shutil
-
     from project.images import prepare_resized
     from project.module import MNISTClassifier
 
     root = write_classes(tmp_path / "my_data")
     fit = cli_main(fit_args(root, tmp_path / "logs"))
     ckpt = Path(fit.trainer.checkpoint_callback.best_model_path)
-    new = tmp_path / "new_images"
-    new.mkdir()
-    for name in CLASSES:  # two files of each class, under new names; one of them resized to another size
-        for i in (0, 1):
-            shutil.copy(
-                root / name / f"{i}.{'png' if i % 2 else 'jpg'}", new / f"{name}_{i}.{'png' if i % 2 else 'jpg'}"
-            )
-    Image.open(new / "dog_1.png").resize((97, 61)).save(new / "dog_1.png")
+    new = new_images(root, tmp_path / "new_images", per_class=2)
     (new / "notes.txt").write_text("not an image")
-    predict = cli_main(
-        [
-            "predict",
-            "--config",
-            str(ROOT / "configs" / "folder.yaml"),
-            f"--data.root={root}",
-            f"--data.predict_dir={new}",
-            f"--trainer.logger.init_args.save_dir={tmp_path / 'logs'}",
-            f"--ckpt_path={ckpt}",
-        ]
+    predict, rows = predict_folder(root, new, tmp_path / "logs", ckpt)
+    assert (
+        Path(predict.trainer.log_dir) / "predictions.csv" == ckpt.parents[1] / "eval" / "predict_0" / "predictions.csv"
     )
-    out = Path(predict.trainer.log_dir) / "predictions.csv"
-    assert out == ckpt.parents[1] / "eval" / "predict_0" / "predictions.csv"
-    with out.open() as f:
-        rows = list(csv.DictReader(f))
     decoded = [r for r in rows if r["pred"]]
     assert [Path(r["path"]).name for r in decoded] == sorted(p.name for p in new.iterdir() if p.suffix != ".txt")
     assert any(Path(r["path"]).name == "notes.txt" for r in rows if r not in decoded)  # named, not predicted

@@ -744,35 +744,16 @@ def test_the_serve_help_shows_the_defaults(capsys):
 def test_a_folder_model_is_served_with_the_answers_predict_gives_for_the_same_files(rgb_folder_ckpt, tmp_path):
     """RGB 32x32 from an image folder: the server prepares and normalises as the checkpoint's contract says, so each
     file gets the answer `predict --data.predict_dir` writes for it (both in fp32)."""
-    import csv
     import shutil
 
-    from project.cli import cli_main
+    from tests.conftest import new_images, predict_folder
 
     ckpt, root = rgb_folder_ckpt
     copy = tmp_path / "model.ckpt"  # predict writes beside its checkpoint's run: not into the shared fixture's
     shutil.copy(ckpt, copy)
-    new = tmp_path / "new_images"
-    new.mkdir()
-    for name in ("cat", "dog", "emu"):
-        for i in (0, 1, 2):
-            source = root / name / f"{i}.{'png' if i % 2 else 'jpg'}"
-            shutil.copy(source, new / f"{name}_{source.name}")
-    Image.open(new / "dog_1.png").resize((97, 61)).save(new / "dog_1.png")  # any size: resized as in training
-    predict = cli_main(
-        [
-            "predict",
-            "--config",
-            str(ROOT / "configs" / "folder.yaml"),
-            f"--data.root={root}",
-            f"--data.predict_dir={new}",
-            "--trainer.precision=32-true",  # the server runs fp32
-            f"--trainer.logger.init_args.save_dir={tmp_path / 'logs'}",
-            f"--ckpt_path={copy}",
-        ]
-    )
-    with (Path(predict.trainer.log_dir) / "predictions.csv").open() as f:
-        rows = {Path(r["path"]).name: r for r in csv.DictReader(f)}
+    new = new_images(root, tmp_path / "new_images", per_class=3)
+    _, written = predict_folder(root, new, tmp_path / "logs", copy, "--trainer.precision=32-true")  # as the server
+    rows = {Path(r["path"]).name: r for r in written}
     assert len(rows) == 9
     proc, url = start_server(f"--ckpt_path={ckpt}")
     try:

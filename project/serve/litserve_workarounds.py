@@ -3,7 +3,7 @@
 ``DigitServer`` derives from ``server_base()``: ``LitServerWorkarounds`` on a tested version, else LitServe's own
 ``LitServer`` with a warning (the server then works as LitServe does, without these fixes). Each workaround
 overrides or reaches a private name of LitServe; ``tests/test_private_api.py`` lists them and fails when one
-changes. What they fix (the figures are in docs/serve.md):
+changes. What they fix (the figures are in docs/benchmarks.md):
 
 - ``_init_manager``: requests travel over a ``multiprocessing.Queue`` and answers over ZeroMQ (``ZMQAnswers``)
   instead of through the ``multiprocessing.Manager``'s proxies, a synchronous round trip per request and answer.

@@ -7,12 +7,12 @@ guesses it from a dataset's name. A DataModule of your own gets the same treatme
 (and ``load_input_contract(contract)``, to prepare and normalise as a checkpoint's training did).
 """
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
 import lightning as L
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -103,15 +103,14 @@ class InputContract:
 
     def normalize(self, images: Tensor) -> Tensor:
         """uint8 pixels (B, C, S, S) -> the float images the network takes, channel by channel."""
-        mean = torch.tensor(self.mean, device=images.device).view(1, -1, 1, 1)
-        std = torch.tensor(self.std, device=images.device).view(1, -1, 1, 1)
-        return (images.float().div(255) - mean) / std
+        return normalize_channels(images, self.mean, self.std)
 
-    def normalize_numpy(self, images: np.ndarray) -> np.ndarray:
-        """``normalize`` for numpy (float32, the arithmetic in the same order), where torch is not loaded."""
-        mean = np.asarray(self.mean, np.float32).reshape(1, -1, 1, 1)
-        std = np.asarray(self.std, np.float32).reshape(1, -1, 1, 1)
-        return (images.astype(np.float32) / np.float32(255) - mean) / std
+
+def normalize_channels(images: Tensor, mean: Sequence[float] | Tensor, std: Sequence[float] | Tensor) -> Tensor:
+    """uint8 pixels (B, C, H, W) -> float, scaled to 0-1, minus ``mean`` and divided by ``std`` per channel (C,)."""
+    mean = torch.as_tensor(mean, dtype=torch.float32, device=images.device).view(1, -1, 1, 1)
+    std = torch.as_tensor(std, dtype=torch.float32, device=images.device).view(1, -1, 1, 1)
+    return (images.float().div(255) - mean) / std
 
 
 def read_contract(checkpoint: dict[str, Any], path: str | Path) -> InputContract:

@@ -27,7 +27,8 @@ class CheckData:
         images: The test split's images, normalised by the contract.
         labels: Their classes (N,).
         described: What they are, for the report (``"96 test images of MNISTDataModule"``).
-        datamodule: The rebuilt DataModule, set up for fit and test: ``calibration`` draws from its training split.
+        datamodule: The rebuilt DataModule, set up for test; ``calibration`` sets it up for fit and draws from its
+            training split.
         contract: The checkpoint's input contract.
     """
 
@@ -39,6 +40,7 @@ class CheckData:
 
     def calibration(self, n: int) -> Tensor:
         """``n`` training images (never the test split), drawn with a fixed seed, normalised: (n, C, S, S)."""
+        self.datamodule.setup("fit")  # only now: the checks themselves read the test split alone
         train = self.datamodule.train_dataloader()
         order = torch.randperm(len(train.dataset), generator=torch.Generator().manual_seed(0))[:n]
         subset = DataLoader(Subset(train.dataset, order.tolist()), batch_size=256, collate_fn=train.collate_fn)
@@ -83,7 +85,6 @@ def check_data(checkpoint: dict[str, Any], contract: InputContract, overrides: d
     if datamodule is None:
         return None
     try:
-        datamodule.setup("fit")
         datamodule.setup("test")
     except (DataError, OSError):  # the files are elsewhere: the fp32 checks run on random inputs
         return None

@@ -203,7 +203,8 @@ def load_predictor(served: dict[str, Any], device: str, threads: int) -> Any:
     input_name = session.get_inputs()[0].name
 
     def predict_onnx(images: np.ndarray) -> np.ndarray:
-        logits = session.run(None, {input_name: contract.normalize_numpy(images)})[0]
+        x = contract.normalize(torch.from_numpy(images)).numpy()  # the arithmetic training and `predict` use
+        logits = session.run(None, {input_name: x})[0]
         e = np.exp(logits - logits.max(axis=1, keepdims=True))
         return e / e.sum(axis=1, keepdims=True)
 

@@ -5,6 +5,8 @@ import pickle
 import signal
 import socket
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,26 @@ class CheckpointError(UserError, ValueError):
     """A ``--ckpt_path`` that does not exist, is not a checkpoint, or carries more than tensors and plain data."""
 
 
+@contextmanager
+def signals_held() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM back until the block is done, then deliver them: a save is never cut in half.
+
+    Nested blocks are fine: the inner one delivers to the outer one's handler, which delivers at its own end.
+    """
+    pending: list[int] = []
+    previous = {}
+    if threading.current_thread() is threading.main_thread():  # only the main thread may swap handlers
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            previous[signum] = signal.signal(signum, lambda received, _frame: pending.append(received))
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for signum in pending:  # a signal that arrived inside the block is delivered now
+            signal.raise_signal(signum)
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Write each checkpoint to a temporary file in the same folder, fsync it, then rename it into place.
 
@@ -36,23 +58,15 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        pending: list[int] = []
-        previous = {}
-        if threading.current_thread() is threading.main_thread():  # only the main thread may swap handlers
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                previous[signum] = signal.signal(signum, lambda received, _frame: pending.append(received))
-        try:
-            with tmp.open("wb") as f:
-                torch.save(checkpoint, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
-            for signum in pending:  # a signal that arrived during the write is delivered now
-                signal.raise_signal(signum)
+        with signals_held():
+            try:
+                with tmp.open("wb") as f:
+                    torch.save(checkpoint, f)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, path)
+            finally:
+                tmp.unlink(missing_ok=True)
 
 
 class BestAndLastCheckpoint(ModelCheckpoint):
@@ -73,28 +87,33 @@ class BestAndLastCheckpoint(ModelCheckpoint):
             raise ValueError(f"last_every_n_train_steps must be >= 0, got {last_every_n_train_steps}")
         self.last_every_n_train_steps = last_every_n_train_steps
 
+    # Each save point runs with SIGINT / SIGTERM held: an interrupt between ModelCheckpoint naming a new best file and
+    # writing it would otherwise leave a last.ckpt whose best_model_path is a file that never existed.
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
-        n = self.last_every_n_train_steps
-        # Every rank gets here at the same global step: the save's barrier needs them all; rank 0 writes.
-        if n and trainer.global_step % n == 0 and not self._should_skip_saving_checkpoint(trainer):
-            self._save_last_if_missed(trainer)
+        with signals_held():
+            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+            n = self.last_every_n_train_steps
+            # Every rank gets here at the same global step: the save's barrier needs them all; rank 0 writes.
+            if n and trainer.global_step % n == 0 and not self._should_skip_saving_checkpoint(trainer):
+                self._save_last_if_missed(trainer)
 
     def _save_last_if_missed(self, trainer: L.Trainer) -> None:
         if self.save_last and self._last_global_step_saved != trainer.global_step:
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        super().on_train_epoch_end(trainer, pl_module)
-        if not self._should_skip_saving_checkpoint(trainer) and self._should_save_on_train_epoch_end(trainer):
-            self._save_last_if_missed(trainer)
+        with signals_held():
+            super().on_train_epoch_end(trainer, pl_module)
+            if not self._should_skip_saving_checkpoint(trainer) and self._should_save_on_train_epoch_end(trainer):
+                self._save_last_if_missed(trainer)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        super().on_validation_end(trainer, pl_module)
-        if not self._should_skip_saving_checkpoint(trainer) and not self._should_save_on_train_epoch_end(trainer):
-            self._save_last_if_missed(trainer)
+        with signals_held():
+            super().on_validation_end(trainer, pl_module)
+            if not self._should_skip_saving_checkpoint(trainer) and not self._should_save_on_train_epoch_end(trainer):
+                self._save_last_if_missed(trainer)
 
 
 class SaveOnInterrupt(L.Callback):
@@ -115,11 +134,31 @@ class SaveOnInterrupt(L.Callback):
         callback = trainer.checkpoint_callback
         folder = Path(callback.dirpath) if callback and callback.dirpath else Path(trainer.default_root_dir)
         path = folder / "last.ckpt"
+        for checkpointing in trainer.checkpoint_callbacks:
+            forget_unwritten(checkpointing)
         trainer.save_checkpoint(path)
         rank_zero_info(
             f"\n{what}: stopped at epoch {trainer.current_epoch}, global step {trainer.global_step}. "
             f"Checkpoint saved to {path}.\nResume with: python -m project fit <same --config options> --ckpt_path last"
         )
+
+
+def forget_unwritten(callback: ModelCheckpoint) -> None:
+    """Drop from ``callback``'s top-k the files an interrupted save named but never wrote.
+
+    A plain ``ModelCheckpoint`` records a new best before writing it (``BestAndLastCheckpoint`` holds interrupts
+    for the whole step): saved as is, last.ckpt would name a missing best, and a resumed fit's test of "best" fails.
+    """
+    written = {path: score for path, score in callback.best_k_models.items() if Path(path).is_file()}
+    if len(written) == len(callback.best_k_models):
+        return
+    callback.best_k_models = written
+    # Fewer than save_top_k entries now: ModelCheckpoint saves the next result whatever kth_value says.
+    best = min if callback.mode == "min" else max
+    callback.best_model_path = best(written, key=written.__getitem__) if written else ""
+    callback.best_model_score = written.get(callback.best_model_path)
+    if callback.kth_best_model_path not in written:
+        callback.kth_best_model_path = ""
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:

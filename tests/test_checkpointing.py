@@ -357,3 +357,44 @@ def test_ctrl_c_says_how_to_resume_after_the_progress_bar_stops(run_cli, tmp_pat
         logger.removeHandler(handler)
     assert isinstance(trainers[0].progress_bar_callback, RichProgressBar)
     assert bar_live_at == {"resume": False}
+
+
+class InterruptWhileSavingBest(L.Callback):
+    """Ctrl-C at epoch 1 after ModelCheckpoint named its new best file and before it wrote it (the checkpoint's dict
+    is being built then): the race that made a resumed fit's test of "best" fail with FileNotFoundError."""
+
+    sent = False
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        best = trainer.checkpoint_callback.best_model_path
+        if not InterruptWhileSavingBest.sent and trainer.current_epoch == 1 and best and not Path(best).exists():
+            InterruptWhileSavingBest.sent = True
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+@pytest.mark.parametrize(
+    "checkpointing", ["project.checkpointing.BestAndLastCheckpoint", "lightning.pytorch.callbacks.ModelCheckpoint"]
+)
+def test_ctrl_c_while_a_new_best_is_saved_leaves_a_last_ckpt_naming_only_written_files(
+    run_cli, tmp_path, checkpointing
+):
+    # monitor=epoch: every epoch is a new best, so epoch 1 replaces epoch 0's file.
+    options = ["--trainer.max_epochs=3", f"--checkpoint.class_path={checkpointing}", "--checkpoint.monitor=epoch"]
+    InterruptWhileSavingBest.sent = False
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # a background job's pytest ignores SIGINT
+    try:
+        with pytest.raises(SystemExit):
+            run_cli("fit", *options, "--trainer.callbacks+=tests.test_checkpointing.InterruptWhileSavingBest")
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert InterruptWhileSavingBest.sent
+    (last,) = (tmp_path / "logs").rglob("last.ckpt")
+    (state,) = (s for s in load_checkpoint(last)["callbacks"].values() if "best_model_path" in s)
+    assert all(Path(path).is_file() for path in state["best_k_models"])
+    if checkpointing.endswith("BestAndLastCheckpoint"):  # interrupts wait for the whole save: epoch 1's file is there
+        assert Path(state["best_model_path"]).name.startswith("epoch01")
+    else:  # Lightning's own names epoch 1 before writing it: forgotten, and the next epoch saves a new best
+        assert state["best_model_path"] == "" and state["best_k_models"] == {}
+    resumed = run_cli("fit", *options, "--ckpt_path=last", "--test_after_fit=true")
+    assert resumed.trainer.current_epoch == 3 and "test/acc" in resumed.trainer.callback_metrics
+    assert Path(resumed.trainer.checkpoint_callback.best_model_path).name.startswith("epoch02")

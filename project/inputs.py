@@ -139,6 +139,15 @@ def save_contract(trainer: L.Trainer, checkpoint: dict[str, Any]) -> None:
         checkpoint[KEY] = stating().to_dict()
 
 
+def example_input(trainer: L.Trainer) -> Tensor | None:
+    """One zero image (1, C, H, W) of the shape the trainer's DataModule states, or None if it states none."""
+    stating = getattr(trainer.datamodule, "input_contract", None)
+    if not callable(stating):
+        return None
+    contract = stating()
+    return torch.zeros(1, contract.channels, contract.size, contract.size)
+
+
 def restore_contract(trainer: L.Trainer, checkpoint: dict[str, Any]) -> None:
     """Hand a checkpoint's contract to the trainer's DataModule (``load_input_contract``), so that resuming, testing
     and predicting prepare and normalise images as the checkpoint's training did."""

@@ -13,7 +13,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from project.checkpointing import CheckpointError, load_checkpoint
 from project.cli import UserError
-from project.inputs import restore_contract, save_contract
+from project.inputs import example_input, restore_contract, save_contract
 from project.net import CNN
 
 Batch = tuple[Tensor, Tensor]
@@ -96,6 +96,10 @@ class MNISTClassifier(L.LightningModule):
         return self.net(x)
 
     def setup(self, stage: str) -> None:
+        if stage == "fit" and not self.compile:
+            # The model summary runs it: FLOPs and each layer's in/out sizes instead of "Total FLOPs: 0". Not for
+            # a compiled net, which would compile once more for a batch of one.
+            self.example_input_array = example_input(self.trainer)
         resuming = self.trainer.ckpt_path is not None  # setup runs attached to a Trainer
         if stage == "fit" and self.init_from and not resuming:
             # The safe loader: a checkpoint that carries code is refused, as everywhere else.

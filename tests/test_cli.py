@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from lightning.pytorch.utilities.model_summary import ModelSummary
 
 from project.cli import cli_main
 from project.module import MNISTClassifier
@@ -56,6 +57,9 @@ def test_fit_validate_test_predict(run_cli):
     assert (log_dir / "checkpoints" / "last.ckpt").is_file()
     assert (log_dir / "config.yaml").is_file()
     assert any(log_dir.glob("events.out.tfevents.*"))
+    # The model summary ran the net on one image of the data's shape: real FLOPs, not "Total FLOPs: 0".
+    summary = ModelSummary(cli.model)
+    assert summary.in_sizes[0] == [1, 1, 28, 28] and summary.out_sizes[0] == [1, 10] and summary.total_flops > 0
     ckpt = best_checkpoint(cli)
 
     cli = run_cli("validate", f"--ckpt_path={ckpt}")

@@ -39,6 +39,7 @@ def test_fit_takes_the_classes_from_the_folders_and_predict_names_them(tmp_path)
     assert len(dm.splits["train"]) + len(dm.splits["val"]) == 3 * 24
     x, y = dm.on_after_batch_transfer(next(iter(dm.train_dataloader())), 0)
     assert x.shape == (16, 1, 28, 28) and x.dtype == torch.float32 and y.max() < 3
+    assert cli.model.example_input_array.shape == (1, 1, 28, 28)  # the model summary's, from the contract
     ckpt = cli.trainer.checkpoint_callback.best_model_path
     saved = torch.load(ckpt, weights_only=True)
     assert saved["hyper_parameters"]["class_names"] == CLASSES

@@ -4,7 +4,7 @@
     python benchmarks/inference.py --ckpt_path CKPT --quick        # a few calls each: checks that all formats run
 
 Formats: eager fp32, eager bf16 autocast (only where the CPU has native bf16), torch.compile, torch.export (.pt2),
-ONNX fp32, ONNX int8 dynamic, ONNX int8 static; every file is written and verified by `python -m project export`.
+ONNX fp32, ONNX int8 dynamic, ONNX int8 static; each written and verified by `python -m project export`.
 For each: latency of one image (p50, p99 over --calls calls after a warm-up), throughput at batch 256 over the test
 set (images/s), accuracy on the whole test set, file size, threads. torch and onnxruntime run with the same number
 of threads. Rounds alternate the order of the formats; the table gives medians over rounds.

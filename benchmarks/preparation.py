@@ -2,11 +2,12 @@
 
     python benchmarks/preparation.py --ckpt_path logs/mnist/version_0/checkpoints/<best>.ckpt [--digits 2000]
 
-The ways: as tensors (what ``test`` gives the network), as PNG files (what a user who saves MNIST digits sends
-to the HTTP server or ``predict --data.predict_dir``), as photo-like JPEGs (dark ink on tinted paper, 2-5x larger,
-off-centre on a bigger sheet, sensor noise) and as light-on-dark PNGs 4x larger (a screenshot). Every file goes
-through ``project.images.prepare_image``, the preparation the HTTP server and ``predict_dir`` run. A training/serving
-skew shows as PNG accuracy below tensor accuracy; docs/benchmarks.md quotes the figures before and after issue 25.
+The ways: as tensors (what ``test`` gives the network), as PNG files (what a user who saves MNIST digits
+sends to the HTTP server or ``predict --data.predict_dir``), as photo-like JPEGs (dark ink on tinted paper,
+2-5x larger, off-centre on a bigger sheet, sensor noise) and as light-on-dark PNGs 4x larger (a
+screenshot). Every file goes through ``project.images.prepare_image``, the preparation the HTTP server and
+``predict_dir`` run. A training/serving skew shows as PNG accuracy below tensor accuracy;
+docs/benchmarks.md quotes the figures before and after issue 25.
 """
 
 import argparse

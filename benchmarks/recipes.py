@@ -5,13 +5,14 @@
 
 The seeds default to 7, 8 and 9, which no recipe was tuned on (configs/fast.yaml was tuned on 1-6 and 42).
 
-Each run is a fresh process of its own running the `fit` command as `python -m project fit` runs it (imports, the
-fit, then `test_after_fit` on the best checkpoint, chosen on val/acc, never on test, and the process's exit),
-with a callback that notes the time of the first training step and of the end of the fit. Rounds alternate
-the order of the recipes (round 1 in order, round 2 reversed, ...) so that a slow drift of a shared machine does
-not favour one recipe. Beside each `fast` run the hand-written loop of `benchmarks/baseline_loop.py` trains one
-whole epoch in its own process: `fast`'s promise is a whole process at most 0.4x as long as that one, measured
-side by side. A feature's recipe (FEATURE_RECIPES) gets its own notes below the table.
+Each run is a fresh process of its own running the `fit` command as `python -m project fit` runs it
+(imports, the fit, then `test_after_fit` on the best checkpoint, chosen on val/acc, never on test, and the
+process's exit), with a callback that notes the time of the first training step and of the end of the fit.
+Rounds alternate the order of the recipes (round 1 in order, round 2 reversed, ...) so that a slow drift of
+a shared machine does not favour one recipe. Beside each `fast` run the hand-written loop of
+`benchmarks/baseline_loop.py` trains one whole epoch in its own process: `fast`'s promise is a whole
+process at most 0.4x as long as that one, measured side by side. A feature's recipe (FEATURE_RECIPES) gets
+its own notes below the table.
 """
 
 import argparse

@@ -1,4 +1,4 @@
-"""Does dynamic batching pay? `python -m project serve` under a bounded load on 127.0.0.1, against a plain FastAPI app.
+"""Does dynamic batching pay? `python -m project serve` under a bounded load on 127.0.0.1, against FastAPI.
 
     python benchmarks/serve.py --ckpt_path CKPT           # real MNIST ($PATH_DATASETS): the table in BENCHMARKS.md
     python benchmarks/serve.py --ckpt_path CKPT --quick   # one small round: checks that every setting runs
@@ -10,13 +10,14 @@ multipart uploads (`curl -F file=@digit.png`); the answer names its file, so eve
 label and against the offline prediction of the same PNG by the same model: `python -m project predict
 --data.predict_dir` (32-true) for the checkpoint, onnxruntime on the same prepared images for ONNX.
 
-Settings: the checkpoint, ONNX fp32 and ONNX int8 (static; both written and verified by `python -m project export`)
-served with max_batch_size 1, 8 and 32, and the baseline: one FastAPI + uvicorn process that decodes and runs the
-same network once per request, the way tutorials do (--baseline_processes 1 2: also two, as `uvicorn --workers 2`);
-each at concurrency 1, 8 and 64. One torch / onnxruntime thread per process for all of them. Rounds alternate the
-order of the servers and of the concurrencies; the table gives medians over rounds. Client and server CPU are given
-in cores (1.0 = one core busy for the whole measurement), and the server's CPU per answered request is split into
-its HTTP servers' and its inference worker's.
+Settings: the checkpoint, ONNX fp32 and ONNX int8 (static; both written and verified by `python -m project
+export`) served with max_batch_size 1, 8 and 32, and the baseline: one FastAPI + uvicorn process that
+decodes and runs the same network once per request, the way tutorials do (--baseline_processes 1 2: also
+two, as `uvicorn --workers 2`); each at concurrency 1, 8 and 64. One torch / onnxruntime thread per process
+for all of them. Rounds alternate the order of the servers and of the concurrencies; the table gives
+medians over rounds. Client and server CPU are given in cores (1.0 = one core busy for the whole
+measurement), and the server's CPU per answered request is split into its HTTP servers' and its inference
+worker's.
 """
 
 import argparse

@@ -139,7 +139,8 @@ class SaveOnInterrupt(L.Callback):
         trainer.save_checkpoint(path)
         rank_zero_info(
             f"\n{what}: stopped at epoch {trainer.current_epoch}, global step {trainer.global_step}. "
-            f"Checkpoint saved to {path}.\nResume with: python -m project fit <same --config options> --ckpt_path last"
+            f"Checkpoint saved to {path}.\n"
+            "Resume with: python -m project fit <same --config options> --ckpt_path last"
         )
 
 
@@ -196,6 +197,19 @@ def find_last_checkpoint(root: Path) -> Path | None:
     """The most recently written ``last.ckpt`` under ``root`` (e.g. ``logs/mnist``), or None."""
     candidates = last_checkpoints(root)
     return candidates[0] if candidates else None
+
+
+def best_checkpoint(root: Path) -> Path | None:
+    """The best checkpoint of the newest run under ``root`` (e.g. ``logs/mnist``), as its ``last.ckpt`` records it
+    (ModelCheckpoint's ``best_model_path``, looked up beside it: the run folder may have moved); None without one."""
+    last = find_last_checkpoint(root)
+    if last is None:
+        return None
+    for state in load_checkpoint(str(last)).get("callbacks", {}).values():
+        best = state.get("best_model_path") if isinstance(state, dict) else None
+        if best and (last.parent / Path(best).name).is_file():
+            return last.parent / Path(best).name
+    return None
 
 
 def last_checkpoints(root: Path) -> list[Path]:

@@ -1,11 +1,11 @@
 """The command line: ``python -m project <command>``, one hop from the command to the code that runs it.
 
-Every command has one entry contract: a function ``main(argv)`` that takes the command's own options and returns
-its result. The core's are fit, validate, test and predict (``project/lightning_cli.py``), cv and env. Every other
-command is a feature: a subpackage of ``project/`` with a ``main(argv)`` in its ``__init__.py``, named after the
-folder and described by its docstring's first line. Remove the folder and the command is gone; add one and it is
-listed. Nothing heavy is imported before the command is known, so ``--help`` and a mistyped command answer at once
-instead of after seconds of torch and Lightning imports.
+Every command has one entry contract: a function ``main(argv)`` that takes the command's own options and
+returns its result. The core's are fit, validate, test and predict (``project/lightning_cli.py``), cv and
+env. Every other command is a feature: a subpackage of ``project/`` with a ``main(argv)`` in its
+``__init__.py``, named after the folder and described by its docstring's first line. Remove the folder and
+the command is gone; add one and it is listed. Nothing heavy is imported before the command is known, so
+``--help`` and a mistyped command answer at once instead of after seconds of torch and Lightning imports.
 
 The user-error policy is here too: a command raises ``UserError`` (or a subclass) for what the user can fix, with a
 message that names the file, key or value and the remedy; ``main`` prints it as one line and exits 1. Anything else
@@ -117,7 +117,7 @@ def skip_teardown() -> None:
 
 
 def main() -> None:
-    """Entry point of ``python -m project`` and the console script: a known error is one line, not a traceback."""
+    """Entry point of ``python -m project`` and the console script: a known error is one line."""
     try:
         cli_main()
         skip_teardown()

@@ -229,8 +229,9 @@ class MNISTDataModule(L.LightningDataModule):
         in_memory: Keep the images as one uint8 tensor, gather whole batches and normalise them on the target
             device (fast); ``False`` uses the per-image PIL + torchvision transform path.
         augment: Random shifts (±2 px) and rotations (±10°) of training batches, on the device.
-        predict_dir: A folder of PNG/JPEG/BMP digit images for ``predict``, made MNIST-like (see
-            ``project.images``); files that cannot be decoded are reported and skipped. Overrides ``predict_split``.
+        predict_dir: A folder of PNG/JPEG/BMP/GIF/WebP/TIFF digit images for ``predict``, made MNIST-like (see
+            ``project.images``); files that cannot be decoded are reported and skipped. Overrides
+            ``predict_split``.
     """
 
     def __init__(

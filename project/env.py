@@ -1,4 +1,4 @@
-"""``python -m project env``: the versions, devices and precision support of this machine, as text or JSON."""
+"""``python -m project env``: the versions, devices and precision support of this machine."""
 
 import argparse
 import importlib.metadata

@@ -15,7 +15,8 @@ import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 from torch import Tensor
 
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
+# The formats PIL decodes that training and prediction both take (one list: a file that predicts also trains).
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
 
 class ImageTooLarge(ValueError):
@@ -192,7 +193,9 @@ def load_folder(folder: Path) -> tuple[list[Path], Tensor, list[tuple[Path, str]
         ValueError: it holds no file with an image suffix.
     """
     if not folder.is_dir():
-        raise FileNotFoundError(f"data.predict_dir: {folder} is not a folder. Give a folder of PNG/JPEG/BMP images.")
+        raise FileNotFoundError(
+            f"data.predict_dir: {folder} is not a folder. Give a folder of images (PNG, JPEG, BMP, GIF, WebP, TIFF)."
+        )
     files = list_files(folder)
     if not any(p.suffix.lower() in IMAGE_SUFFIXES for p in files):
         raise ValueError(

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -39,6 +40,7 @@ from project.checkpointing import (
     CheckpointError,
     JobIdentity,
     SaveOnInterrupt,
+    best_checkpoint,
     find_last_checkpoint,
     job_identity,
     last_checkpoints,
@@ -56,6 +58,42 @@ DEFAULT_RECIPE = Path(__file__).resolve().parents[1] / "configs" / "default.yaml
 
 class TrainerConfigError(UserError, RuntimeError):
     """The Trainer options given (accelerator, devices, strategy, precision) cannot run on this machine."""
+
+
+class InputMismatch(UserError, ValueError):
+    """The network cannot take the images the DataModule gives, or gives another number of classes."""
+
+
+def check_net_takes_the_data(net: torch.nn.Module, datamodule: L.LightningDataModule, num_classes: int) -> None:
+    """Run ``net`` on two zero images of the shape the DataModule states (its ``input_contract()``), before any
+    run folder is made: a channel or size mismatch is one line naming both sides, not a traceback from inside the
+    model summary. Eval mode and no grad: batch-norm statistics are left as they were."""
+    stating = getattr(datamodule, "input_contract", None)
+    if not callable(stating):
+        return
+    shape = stating().shape  # (C, H, W)
+    given = [f"data.{k}={datamodule.hparams[k]}" for k in ("channels", "image_size") if k in datamodule.hparams]
+    data = f"{type(datamodule).__name__} gives {shape[0]}x{shape[1]}x{shape[2]} images" + (
+        f" ({', '.join(given)})" if given else ""
+    )
+    was_training = net.training
+    try:
+        with torch.no_grad():
+            logits = net.eval()(torch.zeros(2, *shape))
+    except RuntimeError as exc:
+        why = str(exc).strip().splitlines()[0]
+        raise InputMismatch(
+            f"model.net ({type(net).__name__}) cannot take the images: {data}, and the network fails on them "
+            f"({why}). Make them agree: the network's input (e.g. model.net.init_args.in_channels, or a network for "
+            "that size such as project.resnet.SmallResNet) or the data's (data.channels, data.image_size)."
+        ) from None
+    finally:
+        net.train(was_training)
+    if tuple(logits.shape) != (2, num_classes):
+        raise InputMismatch(
+            f"model.net ({type(net).__name__}) gives logits of shape {tuple(logits.shape[1:])} for {data}, not "
+            f"({num_classes},): one logit per class of the data. Give the network num_classes={num_classes}."
+        )
 
 
 # The Trainer options that pick the hardware, in the order an error message names them.
@@ -290,7 +328,21 @@ class MNISTCLI(LightningCLI):
         self._run_folder = run_folder
         # Objects no config can describe: a search's pruning callback; the job's identity in every checkpoint.
         self._callbacks = [*(callbacks or []), JobIdentity()]
-        super().__init__(*args, **kwargs)
+        self._new_folder: Path | None = None  # the run or evaluation folder this command makes, if it makes one
+        try:
+            super().__init__(*args, **kwargs)
+        except UserError:
+            self._forget_failed_folder()
+            raise
+
+    def _forget_failed_folder(self) -> None:
+        """A command stopped by bad input leaves no folder for TensorBoard to list: the one it made (a config and
+        an empty event file) goes, unless it holds a checkpoint."""
+        folder = self._new_folder
+        if folder is not None and folder.is_dir() and rank_zero_only.rank == 0 and not any(folder.rglob("*.ckpt")):
+            shutil.rmtree(folder, ignore_errors=True)
+            if folder.parent.name == "eval" and not any(folder.parent.iterdir()):
+                folder.parent.rmdir()
 
     def subcommands(self) -> dict[str, set[str]]:  # type: ignore[override]
         """Only the subcommand being run gets a parser: building all four costs ~0.4 s per command."""
@@ -316,9 +368,15 @@ class MNISTCLI(LightningCLI):
         # pruning and lr_find are off unless an overlay names one (configs/prune.yaml, configs/lr_find.yaml).
         for key, base in NAMED_CALLBACKS.items():
             parser.add_lightning_class_args(base, key, subclass_mode=True, required=False)
-        parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
-        parser.link_arguments("data.num_classes", "model.net.init_args.num_classes", apply_on="instantiate")
-        parser.link_arguments("data.class_names", "model.class_names", apply_on="instantiate")
+        # The data names the classes of a model it trains. A checkpoint's model keeps its own (they are among the
+        # hyperparameters LightningCLI rebuilds it from): another folder, or none, cannot rename or resize it.
+        evaluating = self._argv[:1] in (["validate"], ["test"], ["predict"]) and command_line_keys(
+            self._argv, "ckpt_path"
+        )
+        if not evaluating:
+            parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
+            parser.link_arguments("data.num_classes", "model.net.init_args.num_classes", apply_on="instantiate")
+            parser.link_arguments("data.class_names", "model.class_names", apply_on="instantiate")
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         super().parse_arguments(parser, args)
@@ -333,7 +391,8 @@ class MNISTCLI(LightningCLI):
                 parser.error(str(exc))
 
     def _check_checkpoint(self, config: Namespace, subcommand: str) -> None:
-        """Resolve ``--ckpt_path last``, refuse missing or unsafe checkpoints, and log into the checkpoint's run."""
+        """Resolve ``--ckpt_path last`` / ``best`` / ``auto``, refuse missing or unsafe checkpoints, and log into the
+        checkpoint's run."""
         if config.get("weights_only") is False:
             raise CheckpointError("weights_only=false is refused: checkpoints are only loaded with weights_only=true.")
         if "weights_only" in config:
@@ -341,14 +400,27 @@ class MNISTCLI(LightningCLI):
         ckpt = config.get("ckpt_path")
         if ckpt == "auto" and subcommand != "fit":
             raise CheckpointError("--ckpt_path auto resumes a training run: it is for fit only.")
-        if not ckpt or (ckpt in ("best", "hpc", "registry") or (ckpt == "last" and subcommand != "fit")):
+        # validate/test/predict run in a new process, where Lightning's "best" and "last" (the checkpoints of a fit
+        # in the same process) name nothing: here they are the newest run's.
+        evaluating = subcommand != "fit" and ckpt in ("best", "last")
+        if not ckpt or ckpt in ("hpc", "registry") or (ckpt == "best" and subcommand == "fit"):
             return  # Lightning's own keywords, resolved by the Trainer
         entry = run_logger(config)
         logger = entry.get("init_args") if entry is not None else None
         run_root = None  # <save_dir>/<name> of the configured logger, where the runs are
         if logger is not None and logger.get("save_dir"):
             run_root = Path(logger.save_dir) / (logger.get("name") or "")
-        if ckpt == "auto":
+        if evaluating:
+            pick = best_checkpoint if ckpt == "best" else find_last_checkpoint
+            found = pick(run_root) if run_root is not None else None
+            if found is None:
+                raise CheckpointError(
+                    f"--ckpt_path {ckpt}: no run under {run_root} has a {ckpt} checkpoint to {subcommand}. Fit one "
+                    "first, or give the checkpoint's path."
+                )
+            ckpt = str(found)
+            rank_zero_info(f"--ckpt_path {config.ckpt_path}: {found}.")
+        elif ckpt == "auto":
             found = self._last_checkpoint_of_this_job(run_root) if run_root is not None else None
         elif ckpt == "last":
             found = find_last_checkpoint(run_root) if run_root is not None else None
@@ -472,6 +544,8 @@ class MNISTCLI(LightningCLI):
             super().instantiate_classes()
         except ValueError as exc:  # a bad value in the config: say which, without a traceback
             self.parser.error(str(exc))
+        if self.subcommand == "fit":
+            check_net_takes_the_data(self.model.net, self.datamodule, int(self.model.hparams["num_classes"]))
 
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
         # A named callback set to null (`--early_stopping null`) is absent, not None, in the Trainer's list.
@@ -486,6 +560,8 @@ class MNISTCLI(LightningCLI):
             if not isinstance(exc, MisconfigurationException) and "/lightning/" not in traceback_file(exc):
                 raise
             raise TrainerConfigError(explain_trainer_error(exc, trainer_config, self._argv)) from exc
+        if trainer.log_dir is not None and not Path(trainer.log_dir).exists():
+            self._new_folder = Path(trainer.log_dir)
         # A logger beside TensorBoard that keeps files of its own (a tracker's offline run) may keep them in the run's
         # folder: once a command runs (not for a parse only), on the process that writes the run (rank 0).
         board = trainer.loggers[0] if trainer.loggers else None

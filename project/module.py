@@ -35,8 +35,8 @@ class MNISTClassifier(L.LightningModule):
         optimizer: Factory ``params -> Optimizer``; ``None`` means AdamW(lr=1e-3, weight_decay=1e-4).
         scheduler: Factory ``optimizer -> LRScheduler``, or ``None`` for a constant learning rate.
             A scheduler with a ``monitor`` attribute (``lightning.pytorch.cli.ReduceLROnPlateau``) is
-            stepped on that metric; one with ``total_steps = None`` (``project.schedules.WarmupCosineLR``) gets
-            the run's length from the Trainer; one with an ``interval`` attribute is stepped in that unit.
+            stepped on that metric; one with ``total_steps = None`` (``project.schedules.WarmupCosineLR``)
+            gets the run's length from the Trainer; one with an ``interval`` attribute is stepped in that unit.
         scheduler_interval: Step the scheduler every ``"epoch"`` or every ``"step"``, unless it names its own
             ``interval``.
         channels_last: Store conv weights (and so activations) as NHWC, which oneDNN and cuDNN run faster.

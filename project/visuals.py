@@ -16,46 +16,56 @@ from torchmetrics.classification import MulticlassConfusionMatrix
 
 
 def to_uint8(images: Tensor) -> np.ndarray:
-    """Images (B, 1, H, W) of any scale → uint8 (B, H, W), each stretched to 0-255 for display."""
-    x = images[:, 0].float()
-    low = x.amin(dim=(1, 2), keepdim=True)
-    high = x.amax(dim=(1, 2), keepdim=True)
-    return ((x - low) / (high - low).clamp_min(1e-8) * 255).round().byte().cpu().numpy()
+    """Images (B, C, H, W) of any scale → uint8 (B, H, W) for C = 1, (B, H, W, 3) for RGB, each image stretched to
+    0-255 over all its channels (so an RGB image keeps its colours) for display."""
+    x = images.float()
+    low = x.amin(dim=(1, 2, 3), keepdim=True)
+    high = x.amax(dim=(1, 2, 3), keepdim=True)
+    scaled = ((x - low) / (high - low).clamp_min(1e-8) * 255).round().byte().cpu()
+    return scaled[:, 0].numpy() if scaled.shape[1] == 1 else scaled.permute(0, 2, 3, 1).numpy()
 
 
 def image_grid(images: np.ndarray, captions: list[str] | None = None, columns: int = 8, scale: int = 3) -> np.ndarray:
-    """Tile uint8 images (B, H, W), each enlarged ``scale`` times with an optional caption, into one HWC image."""
-    b, h, w = images.shape
+    """Tile uint8 images, grey (B, H, W) or RGB (B, H, W, 3), each enlarged ``scale`` times with an optional
+    caption, into one HWC image."""
+    b, h, w = images.shape[:3]
+    mode = "L" if images.ndim == 3 else "RGB"
     caption_h = 12 if captions else 0
-    cell_h, cell_w = h * scale + caption_h + 4, w * scale + 4
+    width = max(w * scale, 6 * max((len(c) for c in captions), default=0) if captions else 0)  # PIL's font: 6 px
+    cell_h, cell_w = h * scale + caption_h + 4, width + 4
     rows = -(-b // columns)
     canvas = Image.new("RGB", (columns * cell_w, rows * cell_h), (40, 40, 40))
     draw = ImageDraw.Draw(canvas)
     for i in range(b):
         top, left = (i // columns) * cell_h, (i % columns) * cell_w
-        tile = Image.fromarray(images[i], mode="L").resize((w * scale, h * scale), Image.Resampling.NEAREST)
+        tile = Image.fromarray(images[i], mode=mode).resize((w * scale, h * scale), Image.Resampling.NEAREST)
         canvas.paste(tile.convert("RGB"), (left + 2, top + 2))
         if captions:
             draw.text((left + 2, top + h * scale + 2), captions[i], fill=(255, 220, 80))
     return np.asarray(canvas)
 
 
-def confusion_image(matrix: Tensor, cell: int = 36) -> np.ndarray:
-    """Draw a confusion matrix (rows: true class, columns: predicted) with its counts, as HWC uint8."""
+def confusion_image(matrix: Tensor, names: list[str] | None = None, cell: int = 36) -> np.ndarray:
+    """Draw a confusion matrix (rows: true class, columns: predicted) with its counts and the classes' names (their
+    indices without ``names``), as HWC uint8."""
     counts = matrix.cpu().long()
     n = counts.shape[0]
+    labels = list(names) if names is not None and len(names) == n else [str(k) for k in range(n)]
     share = counts.float() / counts.sum(dim=1, keepdim=True).clamp_min(1)
     # Errors are shaded against the largest error, so that a handful of confusions still stands out.
     errors = counts.float().fill_diagonal_(0)
     error_share = errors / errors.max().clamp_min(1)
-    margin = 40
-    canvas = Image.new("RGB", (margin + n * cell, margin + n * cell), "white")
+    top = 40
+    left = max(40, 6 * max(len(label) for label in labels) + 12)  # the row labels, whole; PIL's font is 6 px wide
+    canvas = Image.new("RGB", (left + n * cell, top + n * cell), "white")
     draw = ImageDraw.Draw(canvas)
-    draw.text((margin, 4), "predicted", fill="black")
-    draw.text((2, margin - 14), "true", fill="black")
-    for k in range(n):
-        draw.text((margin + k * cell + cell // 2 - 3, 22), str(k), fill="black")
-        draw.text((24, margin + k * cell + cell // 2 - 6), str(k), fill="black")
+    draw.text((left, 4), "predicted", fill="black")
+    draw.text((2, top - 14), "true", fill="black")
+    fits = (cell - 2) // 6  # characters of a column label that fit its cell
+    for k, label in enumerate(labels):
+        shown = label if len(label) <= fits else label[: fits - 1] + "."
+        draw.text((left + k * cell + (cell - 6 * len(shown)) // 2, 22), shown, fill="black")
+        draw.text((left - 6 * len(label) - 6, top + k * cell + cell // 2 - 6), label, fill="black")
     for t in range(n):
         for p in range(n):
             v = float(share[t, p] if t == p else error_share[t, p])
@@ -65,7 +75,7 @@ def confusion_image(matrix: Tensor, cell: int = 36) -> np.ndarray:
                 if t == p
                 else (255, int(255 * (1 - v)), int(255 * (1 - v)))
             )
-            box = (margin + p * cell, margin + t * cell, margin + (p + 1) * cell - 1, margin + (t + 1) * cell - 1)
+            box = (left + p * cell, top + t * cell, left + (p + 1) * cell - 1, top + (t + 1) * cell - 1)
             draw.rectangle(box, fill=colour)
             text_colour = "white" if v > 0.5 else "black"
             draw.text((box[0] + 3, box[1] + cell // 2 - 6), str(int(counts[t, p])), fill=text_colour)
@@ -90,11 +100,14 @@ class TensorBoardImages(L.Callback):
         self.worst = worst
         self.samples = samples
         self._worst: tuple[Tensor, Tensor, Tensor, Tensor] | None = None  # images, true, pred, p(true)
+        self.names = [str(k) for k in range(num_classes or 10)]  # set from the model's class_names in setup
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         n = self.num_classes or int(pl_module.hparams.get("num_classes", 10))
         if self.confusion.num_classes != n:
             self.confusion = MulticlassConfusionMatrix(n)
+        names = pl_module.hparams.get("class_names")  # the data's names of the classes, kept in the checkpoint
+        self.names = [str(name) for name in names] if names and len(names) == n else [str(k) for k in range(n)]
 
     @staticmethod
     def _tensorboard(trainer: L.Trainer) -> Any:
@@ -110,7 +123,7 @@ class TensorBoardImages(L.Callback):
             board = self._tensorboard(trainer)
             if board is not None:
                 x, y = batch
-                grid = image_grid(to_uint8(x[: self.samples]), [str(int(v)) for v in y[: self.samples]])
+                grid = image_grid(to_uint8(x[: self.samples]), [self.names[int(v)] for v in y[: self.samples]])
                 board.add_image("inputs/train_samples", grid, trainer.global_step, dataformats="HWC")
 
     def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -153,11 +166,13 @@ class TensorBoardImages(L.Callback):
         if not trainer.is_global_zero or board is None:
             return
         step = trainer.global_step
-        board.add_image("val/confusion_matrix", confusion_image(matrix), step, dataformats="HWC")
+        board.add_image("val/confusion_matrix", confusion_image(matrix, self.names), step, dataformats="HWC")
         if self._worst is not None:
             images, true, pred, p_true = self._worst
+            # "true->predicted p(true)": ASCII, which PIL's built-in font draws (it has no arrow glyph)
             captions = [
-                f"{t}→{p} {q:.2f}" for t, p, q in zip(true.tolist(), pred.tolist(), p_true.tolist(), strict=True)
+                f"{self.names[t]}->{self.names[p]} {q:.2f}"
+                for t, p, q in zip(true.tolist(), pred.tolist(), p_true.tolist(), strict=True)
             ]
             board.add_image("val/worst_misclassified", image_grid(to_uint8(images), captions), step, dataformats="HWC")
 

@@ -3,12 +3,14 @@
     python template/combos.py                   # every combination: generate, check, install, its own tests
     python template/combos.py --only core serve # some of them; --no-tests: generate and check only
 
-A copy passes when no file of it names a feature it dropped (the words each feature is known by, below), when
+One more copy is made as the README's set-up makes it, with copier alone installed (``check_bare``). A copy passes
+when no file of it names a feature it dropped (the words each feature is known by, below), when
 ruff finds nothing, and when its own offline suite (``pytest -m "not slow"``) passes with the copy installed in
 the running environment (``pip install --no-deps -e``; the environment has every extra already). `.ci/run` runs it.
 """
 
 import argparse
+import os
 import re
 import subprocess
 import sys
@@ -95,14 +97,41 @@ def check(name: str, features: list[str], tests: bool) -> float:
     return time.perf_counter() - start
 
 
+def check_bare() -> float:
+    """The README's `pip install copier` and nothing else: a fresh environment with copier alone, no ruff on PATH,
+    an empty cache. The task fetches the locked ruff with pip, and the copy (every feature, the longest name
+    allowed) is lint-clean. Returns the wall time in seconds."""
+    from finish import MAX_NAME
+
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="combo-bare-") as tmp:
+        venv, copy = Path(tmp) / "venv", Path(tmp) / "copy"
+        run([sys.executable, "-m", "venv", str(venv)], Path(tmp))
+        locked = re.search(r"^copier==\S+", (ROOT / "requirements.lock").read_text(), flags=re.M)
+        pip = [str(venv / "bin" / "python"), "-m", "pip", "--quiet", "--disable-pip-version-check"]
+        run([*pip, "install", locked.group(0) if locked else "copier"], Path(tmp))
+        env = {**os.environ, "PATH": f"{venv / 'bin'}:/usr/bin:/bin", "PROJECT_TEMPLATE_CACHE": str(Path(tmp) / "c")}
+        data = ["--data", f"package_name={'n' * MAX_NAME}", "--data", f"features=[{','.join(FEATURES)}]"]
+        command = [str(venv / "bin" / "copier"), "copy", "--trust", "--defaults", "--vcs-ref", "HEAD", *data]
+        print("+", " ".join(command), flush=True)
+        subprocess.run([*command, str(ROOT), str(copy)], env=env, check=True, stdout=subprocess.DEVNULL)
+        run(["ruff", "check", "--quiet", "."], copy)
+        run(["ruff", "format", "--check", "--quiet", "."], copy)
+    return time.perf_counter() - start
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", nargs="+", choices=list(COMBOS), help="the combinations to check (default: all)")
     parser.add_argument("--no-tests", dest="tests", action="store_false", help="generate and check, run no tests")
+    parser.add_argument("--no-bare", dest="bare", action="store_false", help="skip the copy made with copier alone")
     args = parser.parse_args(argv)
     times = {name: check(name, COMBOS[name], args.tests) for name in args.only or COMBOS}
+    bare = check_bare() if args.bare else None
     for name, seconds in times.items():
         print(f"{name:10s} features={','.join(COMBOS[name]) or '-':50s} passed in {seconds:5.0f} s")
+    if bare is not None:
+        print(f"bare       copier alone, the locked ruff fetched by the task: lint-clean in {bare:5.0f} s")
 
 
 if __name__ == "__main__":

@@ -180,8 +180,9 @@ def new_images(root: Path, folder: Path, per_class: int) -> Path:
     return folder
 
 
-def predict_folder(root: Path, images: Path, logs: Path, ckpt: Path, *extra: str):
-    """``predict`` of the folder-trained ``ckpt`` on the files of ``images``: the LightningCLI, and its CSV's rows."""
+def predict_folder(root: Path | None, images: Path, logs: Path, ckpt: Path, *extra: str):
+    """``predict`` of the folder-trained ``ckpt`` on the files of ``images`` (``--data.root`` only if ``root``): the
+    LightningCLI, and its CSV's rows."""
     import csv
 
     from project.cli import cli_main
@@ -191,7 +192,7 @@ def predict_folder(root: Path, images: Path, logs: Path, ckpt: Path, *extra: str
             "predict",
             "--config",
             str(ROOT / "configs" / "folder.yaml"),
-            f"--data.root={root}",
+            *([f"--data.root={root}"] if root is not None else []),
             f"--data.predict_dir={images}",
             f"--trainer.logger.init_args.save_dir={logs}",
             f"--ckpt_path={ckpt}",

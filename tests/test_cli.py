@@ -1,3 +1,4 @@
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,9 +13,10 @@ from project.net import CNN
 from project.schedules import WarmupCosineLR
 from tests.conftest import DEFAULT_CONFIG, ROOT
 
-# Every fit config.
-CONFIGS = sorted(p.name for p in (ROOT / "configs").glob("*.yaml"))
-CONFIGS.remove("search.yaml")  # tune's search space, not a fit config: tests/test_tune.py reads it  # [tune]
+# The fit configs the docs name alone (`fit --config configs/<name>.yaml`, no other --config beside it): each is
+# meant to run alone. Your own configs, and those the docs show on top of another, are not held to that.
+DOCUMENTED = " ".join(p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
+CONFIGS = sorted(set(re.findall(r"(?<!yaml )--config configs/([\w.-]+\.yaml)(?! --config)", DOCUMENTED)))
 PACKAGE = cli_main.__module__.split(".")[0]  # "project", or the package_name a copy was given
 
 
@@ -32,10 +34,17 @@ def print_config(capsys, *args: str) -> str:
 
 
 @pytest.mark.parametrize("overlay", CONFIGS)
-def test_an_overlay_alone_resolves_like_the_overlay_over_default(overlay, capsys):
+def test_a_documented_overlay_alone_resolves_to_a_model_and_data_of_the_package(overlay, capsys):
     alone = print_config(capsys, "--config", str(ROOT / "configs" / overlay))
     assert "model:" in alone and f"\ndata:\n  class_path: {PACKAGE}." in alone
-    assert alone == print_config(capsys, "--config", DEFAULT_CONFIG, "--config", str(ROOT / "configs" / overlay))
+
+
+def test_an_overlay_runs_over_the_default_recipe(capsys):
+    # The recipe is loaded before any --config, so an overlay alone is the overlay over default.yaml.
+    overlay = str(ROOT / "configs" / "sgd.yaml")
+    assert print_config(capsys, "--config", overlay) == print_config(
+        capsys, "--config", DEFAULT_CONFIG, "--config", overlay
+    )
 
 
 def test_fit_without_a_config_is_the_default_recipe(capsys):
@@ -147,7 +156,8 @@ def test_module_entry_point_and_console_script_list_every_command_without_import
     assert no_args.returncode == 2 and "\n  env " in no_args.stdout
     typo = subprocess.run([sys.executable, "-m", "project", "fti"], capture_output=True, text=True)
     assert typo.returncode == 2 and "Did you mean 'fit'" in typo.stderr
-    code = "import sys; from project.cli import cli_main\ntry: cli_main(['--help'])\nexcept SystemExit: pass\n"
+    code = "import sys; from project.cli import cli_main\n"
+    code += "try: cli_main(['--help'])\nexcept SystemExit: pass\n"
     code += "assert 'torch' not in sys.modules and 'lightning' not in sys.modules, 'heavy import for --help'"
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
 
@@ -335,3 +345,16 @@ def test_a_misspelt_option_gets_the_closest_real_ones(capsys):
     assert exit_.value.code == 2 and "Union" not in err
     assert "--data.batch_sise: project.data.MNISTDataModule has no argument 'batch_sise'." in err, err[-800:]
     assert "Did you mean --data.batch_size?" in err
+
+
+def test_ckpt_path_best_and_last_name_the_newest_runs_checkpoints(run_cli, tmp_path):
+    """A new process's `test --ckpt_path best` is the newest run's best checkpoint (Lightning's own "best" names a
+    fit of the same process only), into that run's eval folder."""
+    fit = run_cli("fit", "--trainer.max_epochs=2")
+    best = Path(fit.trainer.checkpoint_callback.best_model_path)
+    for keyword, expected in (("best", best), ("last", best.parent / "last.ckpt")):
+        cli = run_cli("test", f"--ckpt_path={keyword}")
+        assert Path(cli.trainer.ckpt_path) == expected
+        assert Path(cli.trainer.log_dir).parent == best.parents[1] / "eval"
+    with pytest.raises(SystemExit):  # no run under another folder: one error naming it
+        run_cli("test", "--ckpt_path=best", f"--trainer.logger.init_args.save_dir={tmp_path / 'none'}")

@@ -89,6 +89,21 @@ def test_a_folder_model_predicts_new_images_with_its_class_names_into_its_run(tm
     assert all(r["pred_name"] == CLASSES[int(r["pred"])] for r in decoded)
 
 
+def test_predict_of_a_folder_model_needs_only_its_checkpoint_and_the_new_images(rgb_folder_ckpt, tmp_path):
+    """No --data.root, or a root of other classes (other names, fewer of them): the checkpoint's class names, size
+    and normalisation all the same, and no training image is read."""
+    ckpt, root = rgb_folder_ckpt
+    new = new_images(root, tmp_path / "new", per_class=2)
+    _, expected = predict_folder(root, new, tmp_path / "logs", ckpt)
+    assert {r["pred_name"] for r in expected} <= set(CLASSES) and len(expected) == 6
+    other = write_classes(tmp_path / "other", per_class=2, classes=["x", "y", "z"])
+    fewer = write_classes(tmp_path / "fewer", per_class=2, classes=["p", "q"])
+    for given in (None, other, fewer):
+        cli, rows = predict_folder(given, new, tmp_path / "logs", ckpt)
+        assert [(r["path"], r["pred_name"]) for r in rows] == [(r["path"], r["pred_name"]) for r in expected]
+        assert set(cli.datamodule.splits) == {"predict"}, "the training images were decoded"
+
+
 def test_the_split_is_seeded_and_train_val_folders_are_used_as_given(tmp_path):
     root = write_classes(tmp_path / "a", per_class=10)
     one, two, other = (ImageFolderDataModule(root=str(root), seed=s) for s in (1, 1, 2))
@@ -124,12 +139,59 @@ def test_folder_errors_are_clear(tmp_path):
     with pytest.raises(FolderDataError, match=r"class folder .*zebra holds no images"):
         ImageFolderDataModule(root=str(root)).setup("fit")
     bad = tmp_path / "bad"
-    (bad / "a").mkdir(parents=True)
-    (bad / "a" / "x.png").write_bytes(b"junk")
+    for name in ("a", "b"):
+        (bad / name).mkdir(parents=True)
+        (bad / name / "x.png").write_bytes(b"junk")
     with pytest.raises(FolderDataError, match="could be decoded"):
         ImageFolderDataModule(root=str(bad)).setup("fit")
     with pytest.raises(ValueError, match=r"data\.root is not set"):
         ImageFolderDataModule()
+
+
+@pytest.mark.parametrize("extra", [["--data.channels=3"], ["--data.image_size=32"]])
+def test_a_network_that_cannot_take_the_data_is_one_line_before_any_run_folder(tmp_path, extra, capsys, monkeypatch):
+    import project.cli
+
+    root = write_classes(tmp_path / "my_data", per_class=4)
+    logs = tmp_path / "logs"
+    monkeypatch.setattr("sys.argv", ["python -m project", *fit_args(root, logs, *extra)])
+    with pytest.raises(SystemExit) as info:
+        project.cli.main()
+    err = capsys.readouterr().err.strip()
+    assert info.value.code == 1 and len(err.splitlines()) == 1, err
+    assert "model.net (CNN) cannot take the images: ImageFolderDataModule gives" in err
+    assert extra[0][2:] in err and "data.channels, data.image_size" in err and "in_channels" in err
+    assert not list(logs.rglob("version_*")), "a run folder was made"
+
+
+def test_a_failed_fit_or_predict_leaves_no_folder_for_tensorboard(tmp_path, rgb_folder_ckpt):
+    one = tmp_path / "one"
+    write_classes(one, per_class=4, classes=["cat"])
+    logs = tmp_path / "logs"
+    with pytest.raises(FolderDataError, match=r"has one class folder \(cat\): a classifier needs two or more"):
+        cli_main(fit_args(one, logs))
+    assert not list(logs.rglob("version_*")), "the failed fit left its run folder"
+    ckpt, _ = rgb_folder_ckpt
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "notes.txt").write_text("no image")
+    runs = ckpt.parents[1]
+    before = sorted(runs.rglob("*"))
+    with pytest.raises(FolderDataError, match="no image in"):
+        predict_folder(None, empty, runs.parents[1], ckpt)
+    assert sorted(runs.rglob("*")) == before, "the failed predict left eval/predict_<n>/"
+
+
+def test_training_takes_every_format_predict_and_serve_take(tmp_path):
+    from PIL import Image
+
+    root = write_classes(tmp_path / "my_data", per_class=4)
+    for name in CLASSES:  # one more image per class in each of the other formats
+        for suffix in (".gif", ".webp", ".tif"):
+            Image.open(next((root / name).glob("*.png"))).save(root / name / f"more{suffix}")
+    dm = ImageFolderDataModule(root=str(root), val_fraction=0.2)
+    dm.setup("fit")
+    assert len(dm.splits["train"]) + len(dm.splits["val"]) == 3 * (4 + 3) and not dm.skipped
 
 
 def test_folds_of_a_folder_are_stratified_and_disjoint_and_val_is_then_the_test_split(tmp_path):

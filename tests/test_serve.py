@@ -1,4 +1,4 @@
-"""`python -m project serve`: a real server process on 127.0.0.1, its answers, its refusals and its shutdown."""
+"""`python -m project serve`: a real server on 127.0.0.1, its answers, its refusals and its shutdown."""
 
 import base64
 import contextlib

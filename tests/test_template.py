@@ -2,6 +2,7 @@
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -89,12 +90,13 @@ def git(*args: str, cwd: Path) -> str:
     return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout
 
 
-@pytest.mark.slow  # two copier copies of the template's history and a test run of the copy: ~40 s
+@pytest.mark.slow  # copier copies of the template's history, a refused rename and a test run of the copy: ~60 s
 def test_copier_update_brings_a_template_change_and_keeps_the_users_edit(tmp_path, monkeypatch):
+    """The template as a user clones it (no tags): a copy, the user's edit and own files, a template change, then
+    `copier update` changes only what the template changed; a rename by update is refused and changes nothing."""
     for key, value in {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@x", "GIT_COMMITTER_NAME": "t"}.items():
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("GIT_COMMITTER_EMAIL", "t@x")
-    # The template's history: this working tree as release v1.0.0, then a changed default as v1.1.0.
     template = tmp_path / "template"
     for path in [ROOT / p for p in git("ls-files", "-co", "--exclude-standard", cwd=ROOT).split()]:
         if path.is_file():
@@ -103,34 +105,45 @@ def test_copier_update_brings_a_template_change_and_keeps_the_users_edit(tmp_pat
             target.write_bytes(path.read_bytes())
     git("init", "-q", cwd=template)
     git("add", "-A", cwd=template)
-    git("commit", "-qm", "v1.0.0", cwd=template)
-    git("tag", "v1.0.0", cwd=template)
-    # The user's project from v1.0.0, committed, then an edit of theirs in the network file.
+    git("commit", "-qm", "the template", cwd=template)
+    # The user's project, committed, then an edit of theirs in the network file and files of their own: a module
+    # with a line ruff would wrap, and an overlay meant to go on top of another config (it does not run alone).
     project = tmp_path / "mine"
     copier.run_copy(str(template), project, data={"package_name": PACKAGE, "features": []}, defaults=True, unsafe=True)
-    assert "_commit: v1.0.0" in (project / ".copier-answers.yml").read_text()
     git("init", "-q", cwd=project)
     git("add", "-A", cwd=project)
     git("commit", "-qm", "from the template", cwd=project)
     net = project / PACKAGE / "net.py"
     edited = net.read_text().replace('"""', '"""My edit: a network of my own.\n\n', 1)
     net.write_text(edited)
-    git("commit", "-qam", "my network", cwd=project)
-    # The template changes a default and releases v1.1.0.
+    mine = {
+        project / PACKAGE / "mynet.py": "import torch\n\nX = torch.zeros(" + ", ".join(["1"] * 50) + ")\n",
+        project / "configs" / "my_shapes.yaml": "data:\n  init_args:\n    image_size: 32  # over an overlay of mine\n",
+    }
+    for path, text in mine.items():
+        path.write_text(text)
+    git("add", "-A", cwd=project)
+    git("commit", "-qm", "my network", cwd=project)
+    # The template changes a default.
     config = template / "configs" / "default.yaml"
     assert "max_epochs: 5\n" in config.read_text()
     config.write_text(config.read_text().replace("max_epochs: 5\n", "max_epochs: 6\n", 1))
     git("commit", "-qam", "6 epochs", cwd=template)
-    git("tag", "v1.1.0", cwd=template)
+    answers = (project / ".copier-answers.yml").read_text()
 
     copier.run_update(project, defaults=True, unsafe=True, overwrite=True, quiet=True)
 
     assert "max_epochs: 6\n" in (project / "configs" / "default.yaml").read_text()
     assert net.read_text() == edited
-    assert "_commit: v1.1.0" in (project / ".copier-answers.yml").read_text()
+    assert all(path.read_text() == text for path, text in mine.items()), "the update touched the user's files"
+    assert (project / ".copier-answers.yml").read_text() != answers
+    changed = git("status", "--porcelain", cwd=project).split("\n")
+    assert sorted(line[3:] for line in changed if line) == [".copier-answers.yml", "configs/default.yaml"]
     assert not (project / "project").exists() and mentions(project, []) == []
     env = {**os.environ, "PYTHONPATH": str(project)}
     tests = ["tests/test_net.py", "tests/test_cli.py::test_fit_without_a_config_is_the_default_recipe"]
+    tests += ["tests/test_cli.py::test_a_documented_overlay_alone_resolves_to_a_model_and_data_of_the_package"]
+    tests += ["tests/test_readme.py::test_the_readme_layout_names_only_modules_that_exist"]
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", *tests],
         cwd=project,
@@ -139,3 +152,53 @@ def test_copier_update_brings_a_template_change_and_keeps_the_users_edit(tmp_pat
         text=True,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    git("commit", "-qam", "update", cwd=project)
+    with pytest.raises(Exception, match=r"finish\.py"):  # copier's task error, after the task said why
+        copier.run_update(project, data={"package_name": "renamed"}, defaults=True, unsafe=True, overwrite=True)
+    assert git("status", "--porcelain", cwd=project) == "" and net.read_text() == edited
+    assert not (project / "renamed").exists()
+
+
+def test_a_copy_with_a_name_of_the_longest_length_allowed_lints_clean(tmp_path):
+    """The rename lengthens every line that names the package; lines of prose cannot be re-wrapped by ruff."""
+    from finish import MAX_NAME
+
+    name = "n" * MAX_NAME
+    copy = generate(tmp_path / name, list(FEATURES), package=name)
+    for command in (["ruff", "check", "--quiet", "."], ["ruff", "format", "--check", "--quiet", "."]):
+        done = subprocess.run(command, cwd=copy, capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("name", ["import", "tests", "torch", "json", "x" * 21, "My"])
+def test_a_package_name_that_cannot_work_is_refused_before_anything_is_written(tmp_path, name):
+    with pytest.raises(ValueError, match="package_name"):
+        generate(tmp_path / "copy", [], package=name)
+    assert not (tmp_path / "copy").exists()
+
+
+def test_the_task_finds_the_locked_ruff_without_one_on_path(tmp_path, monkeypatch):
+    """Neither on PATH nor in copier's Python: the locked version from the cache (filled by pip on first use)."""
+    import finish
+
+    version = finish.locked_ruff(ROOT)
+    cached = tmp_path / f"ruff-{version}" / "bin" / "ruff"
+    cached.parent.mkdir(parents=True)
+    real = shutil.which("ruff")
+    assert real and finish.ruff_version([real]) == version, "the dev environment has the locked ruff"
+    cached.symlink_to(real)
+    monkeypatch.setenv("PROJECT_TEMPLATE_CACHE", str(tmp_path))
+    monkeypatch.setattr(finish.shutil, "which", lambda name: None)
+    monkeypatch.setattr(finish.sys, "executable", str(tmp_path / "no-python"))
+    assert finish.find_ruff(version) == [str(cached)]
+
+
+def test_the_task_formats_only_the_files_it_is_given(tmp_path):
+    import finish
+
+    (tmp_path / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text())
+    theirs, ours = tmp_path / "theirs.py", tmp_path / "ours.py"
+    for path in (theirs, ours):
+        path.write_text("x = [1,\n  2]\n")
+    finish.tidy(tmp_path, [ours], ROOT)
+    assert ours.read_text() == "x = [1, 2]\n" and theirs.read_text() == "x = [1,\n  2]\n"

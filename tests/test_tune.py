@@ -1,4 +1,4 @@
-"""`python -m project tune`: search space, pruning, shared and resumed studies, a PostgreSQL storage, the dashboard."""
+"""`python -m project tune`: search space, pruning, shared and resumed studies, PostgreSQL, dashboard."""
 
 import json
 import os

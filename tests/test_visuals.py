@@ -92,3 +92,45 @@ def test_tensorboard_server_lists_scalars_images_and_hparams(tensorboard_run):
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_rgb_images_keep_their_colours_and_grey_ones_stay_grey():
+    red = torch.zeros(2, 3, 8, 8)
+    red[:, 0] = 1.0  # a pure red image
+    pixels = to_uint8(red)
+    assert pixels.shape == (2, 8, 8, 3) and tuple(pixels[0, 0, 0]) == (255, 0, 0)
+    assert to_uint8(torch.randn(2, 1, 8, 8)).shape == (2, 8, 8)
+    grid = image_grid(pixels, ["cat->dog 0.12", "x"], columns=2)
+    tile = grid[2 + 3, 2 + 3]  # inside the first tile
+    assert tuple(tile) == (255, 0, 0)
+
+
+def test_the_pictures_name_the_classes_and_captions_are_ascii(monkeypatch):
+    """The model's class_names label the confusion matrix and the captions, "true->predicted" in ASCII (PIL's
+    default font has no arrow)."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    import project.visuals as visuals
+
+    drawn: dict[str, object] = {}
+    monkeypatch.setattr(
+        visuals, "image_grid", lambda images, captions=None, **kw: drawn.setdefault("captions", captions)
+    )
+    monkeypatch.setattr(visuals, "confusion_image", lambda matrix, names=None: drawn.setdefault("names", names))
+    callback = visuals.TensorBoardImages()
+    module = SimpleNamespace(hparams={"num_classes": 3, "class_names": ["cat", "dog", "emu"]}, device="cpu")
+    board = SimpleNamespace(add_image=lambda *a, **k: None)
+    logger = TensorBoardLogger.__new__(TensorBoardLogger)
+    monkeypatch.setattr(TensorBoardLogger, "experiment", property(lambda self: board))
+    trainer = SimpleNamespace(sanity_checking=False, is_global_zero=True, loggers=[logger], global_step=1)
+    callback.setup(trainer, module, "fit")
+    callback.on_validation_epoch_start(trainer, module)
+    logits = torch.tensor([[0.0, 5.0, 0.0], [5.0, 0.0, 0.0]])  # a cat taken for a dog, a right cat
+    callback.on_validation_batch_end(
+        trainer, module, {"logits": logits}, (torch.zeros(2, 3, 4, 4), torch.tensor([0, 0])), 0
+    )
+    callback.on_validation_epoch_end(trainer, module)
+    assert drawn["names"] == ["cat", "dog", "emu"]
+    assert drawn["captions"][0].startswith("cat->dog ") and all(c.isascii() for c in drawn["captions"][0])

@@ -1,12 +1,12 @@
-"""``python -m project export``: a checkpoint's network to ONNX, a torch.export program or plain weights, verified.
+"""``python -m project export``: a checkpoint's network to ONNX, torch.export or plain weights, verified.
 
-Every export is checked against the eager network before the command reports success (one ``verify`` step for
-every format): ONNX through onnxruntime, ``.pt2`` through ``torch.export.load``, the state dict through a fresh
-``net`` built from the checkpoint's hyperparameters. The checks run on the checkpoint's own test images, prepared
-and normalised as its input contract says (``project.inputs``), or on random inputs of its shape when the data is
-not here. ONNX int8 (``--quantize static`` or ``dynamic``, ``quantize.py``) is also measured against fp32 on the
-whole test split, and refused when it loses more than ``--max_drop`` points. An ONNX file carries the contract in
-its metadata, for whatever runs it (a server: docs/export.md).
+Every export is checked against the eager network before the command reports success (one ``verify`` step
+for every format): ONNX through onnxruntime, ``.pt2`` through ``torch.export.load``, the state dict through
+a fresh ``net`` built from the checkpoint's hyperparameters. The checks run on the checkpoint's own test
+images, prepared and normalised as its input contract says (``project.inputs``), or on random inputs of its
+shape when the data is not here. ONNX int8 (``--quantize static`` or ``dynamic``, ``quantize.py``) is also
+measured against fp32 on the whole test split, and refused when it loses more than ``--max_drop`` points.
+An ONNX file carries the contract in its metadata, for whatever runs it (a server: docs/export.md).
 """
 
 import argparse

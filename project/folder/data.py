@@ -34,13 +34,14 @@ class FileDataset(Dataset):
 class ImageFolderDataModule(L.LightningDataModule):
     """Images in one sub-folder per class; the class names and their number come from the folder names.
 
-    ``root/<class>/*.png|jpg|jpeg|bmp``, or ``root/train/<class>/...`` and ``root/val/<class>/...`` to fix the
-    split yourself. Images are converted to ``channels`` x ``image_size`` x ``image_size`` (grey 28x28 feeds the
-    default CNN), normalised with the training images' per-channel mean and std. Files that cannot be decoded are
-    named, skipped and counted.
+    ``root/<class>/*.png`` (or JPEG, BMP, GIF, WebP, TIFF: ``images.IMAGE_SUFFIXES``), or ``root/train/<class>/...``
+    and ``root/val/<class>/...`` to fix the split yourself. Images are converted to ``channels`` x ``image_size``
+    x ``image_size`` (grey 28x28 feeds the default CNN), normalised with the training images' per-channel mean and
+    std. Files that cannot be decoded are named, skipped and counted.
 
     Args:
-        root: The folder of class folders (or of ``train/`` and ``val/``).
+        root: The folder of class folders (or of ``train/`` and ``val/``). Not needed to ``predict`` a
+            ``predict_dir`` with a checkpoint: its classes, size and normalisation are the checkpoint's.
         image_size: Side the images are resized to.
         channels: 1 for greyscale, 3 for RGB (then set ``model.net.init_args.in_channels: 3``).
         batch_size: Samples per batch (per process under DDP).
@@ -48,17 +49,17 @@ class ImageFolderDataModule(L.LightningDataModule):
         val_fraction: Share of the images held out for validation when there is no ``val/`` folder.
         seed: Seed of the train/val split.
         num_folds: Split the training images (``root``, or ``root/train``) into this many stratified, seeded,
-            disjoint parts and validate on part ``fold`` (``python -m project cv``); ``root/val``, if there, is then
-            the test split. ``None``: the ``val_fraction`` split.
+            disjoint parts and validate on part ``fold`` (``python -m project cv``); ``root/val``, if
+            there, is then the test split. ``None``: the ``val_fraction`` split.
         fold: Which part validates, ``0`` to ``num_folds - 1``.
         in_memory: ``"auto"`` decodes every image once into one uint8 tensor when that takes at most
             ``max_memory_mb``, else reads files per batch; ``True`` / ``False`` force either.
         max_memory_mb: The memory the decoded images may take on the in-memory path.
         augment: Random shifts and small rotations of training batches, on the device.
         predict_dir: A folder of new images for ``predict`` (any of the files' formats and sizes), prepared as the
-            training images are: resized to ``image_size``, ``channels``, normalised with the checkpoint's mean and
-            std. Files that cannot be decoded are reported and skipped. Unset: ``predict`` runs on the validation
-            split.
+            checkpoint's training images were: its size, channels, mean and std, its class names (``root`` is
+            neither needed nor read). Files that cannot be decoded are reported and skipped. Unset: ``predict``
+            runs on the validation split.
     """
 
     def __init__(
@@ -78,7 +79,7 @@ class ImageFolderDataModule(L.LightningDataModule):
         predict_dir: str | None = None,
     ) -> None:
         super().__init__()
-        if root is None:
+        if root is None and predict_dir is None:
             raise ValueError("data.root is not set: give the folder that holds one sub-folder per class.")
         if not 0 < val_fraction < 1:
             raise ValueError(f"data.val_fraction must be between 0 and 1, got {val_fraction}.")
@@ -86,7 +87,7 @@ class ImageFolderDataModule(L.LightningDataModule):
             raise ValueError(f"data.image_size must be >= 4 and data.batch_size >= 1, got {image_size}, {batch_size}.")
         check_folds(num_folds, fold)
         self.save_hyperparameters()
-        self.root = Path(root)
+        self.root = Path(root) if root is not None else None
         self.image_size, self.channels = image_size, channels
         self.batch_size, self.num_workers = batch_size, num_workers
         self.val_fraction, self.seed = val_fraction, seed
@@ -100,6 +101,7 @@ class ImageFolderDataModule(L.LightningDataModule):
         # Set by setup("predict") with predict_dir: the image of each prediction, and the undecodable files.
         self.predict_files: list[Path] = []
         self.predict_failures: list[tuple[Path, str]] = []
+        self.contract: InputContract | None = None  # a checkpoint's, once load_input_contract has taken it
 
     def _class_folders(self, folder: Path) -> list[Path]:
         if not folder.is_dir():
@@ -110,18 +112,27 @@ class ImageFolderDataModule(L.LightningDataModule):
                 f"data.root: {folder} has no class folders. Put each class's images in a sub-folder named after "
                 "the class (my_data/cat/1.png, my_data/dog/2.jpg)."
             )
+        if len(classes) == 1:
+            raise FolderDataError(
+                f"data.root: {folder} has one class folder ({classes[0].name}): a classifier needs two or more. Add "
+                "a folder per other class beside it (my_data/cat/, my_data/dog/)."
+            )
         return classes
 
     @property
     def _split_folders(self) -> dict[str, Path]:
         """``{"train": root/train, "val": root/val}`` when both exist, else ``{"all": root}``."""
+        if self.root is None:
+            raise FolderDataError("data.root is not set: give the folder that holds one sub-folder per class.")
         if (self.root / "train").is_dir() and (self.root / "val").is_dir():
             return {"train": self.root / "train", "val": self.root / "val"}
         return {"all": self.root}
 
     @property
     def class_names(self) -> list[str]:
-        """The class folder names, sorted: class index i is ``class_names[i]``."""
+        """The class folder names, sorted: class index i is ``class_names[i]`` (a loaded checkpoint's, if any)."""
+        if self.contract is not None:
+            return list(self.contract.class_names)
         first = next(iter(self._split_folders.values()))
         return [p.name for p in self._class_folders(first)]
 
@@ -169,9 +180,13 @@ class ImageFolderDataModule(L.LightningDataModule):
         return n * self.channels * self.image_size**2 <= self.max_memory_mb * 2**20
 
     def setup(self, stage: str) -> None:
-        """List the files, split them with ``seed``, decode them (in memory) and measure the normalisation."""
-        if stage == "predict" and self.predict_dir is not None and not self.predict_dir.is_dir():
-            raise FolderDataError(f"data.predict_dir: {self.predict_dir} is not a folder of images.")
+        """List the files, split them with ``seed``, decode them (in memory) and measure the normalisation.
+
+        ``predict`` of a ``predict_dir`` reads those images only (after the checkpoint's contract is loaded)."""
+        if stage == "predict" and self.predict_dir is not None:
+            if not self.predict_dir.is_dir():
+                raise FolderDataError(f"data.predict_dir: {self.predict_dir} is not a folder of images.")
+            return
         if not self.splits:  # fit, then test_after_fit: decode once
             self._setup_splits()
 
@@ -274,6 +289,8 @@ class ImageFolderDataModule(L.LightningDataModule):
 
     def input_contract(self) -> InputContract:
         """What the model trained on these images takes (saved in each checkpoint: ``project.inputs``)."""
+        if self.root is None and self.contract is not None:  # predicting a predict_dir: the checkpoint's
+            return self.contract
         return InputContract(
             size=self.image_size,
             channels=self.channels,
@@ -284,7 +301,8 @@ class ImageFolderDataModule(L.LightningDataModule):
         )
 
     def load_input_contract(self, contract: InputContract) -> None:
-        """Prepare and normalise as the checkpoint's training did: its size, channels, mean and std."""
+        """Prepare, normalise and name classes as the checkpoint's training did: its size, channels, mean, std and
+        class names."""
         if contract.preparation != "resize":
             raise FolderDataError(
                 f"the checkpoint's model takes {contract.preparation} images, not resized folder images: use the "
@@ -299,3 +317,4 @@ class ImageFolderDataModule(L.LightningDataModule):
             if self.splits:  # decoded at the configured size: again at the checkpoint's
                 self._setup_splits()
         self.mean, self.std = torch.tensor(contract.mean), torch.tensor(contract.std)
+        self.contract = contract

@@ -12,8 +12,8 @@ changes. What they fix (the figures are in docs/benchmarks.md):
   broker's addresses, and the worker's producer announces itself with a ``b"0|__ping__"`` that consumer 0 cannot
   unpickle, which ends that HTTP server's receive loop. The broker, the consumers and the message format here are
   LitServe's own.
-- ``_start_server``: each forked HTTP server listens on a socket of its own (``project.serve.reuse_port``), so
-  that the kernel spreads connections over them.
+- ``_start_server``: each forked HTTP server listens on a socket of its own
+  (``project.serve.reuse_port``), so that the kernel spreads connections over them.
 """
 
 import time
@@ -123,8 +123,8 @@ def server_base() -> type[ls.LitServer]:
         return LitServerWorkarounds
     warnings.warn(
         f"LitServe {ls.__version__} is not one the serve workarounds were tested with ({', '.join(TESTED)}): "
-        "serving with LitServe's own transports and sockets (project/serve/litserve_workarounds.py says what that "
-        "leaves out).",
+        "serving with LitServe's own transports and sockets "
+        "(project/serve/litserve_workarounds.py says what that leaves out).",
         stacklevel=2,
     )
     return ls.LitServer

@@ -7,14 +7,17 @@ prepared images, waiting at most ``--batch_timeout`` seconds for the batch to fi
 batch).
 
 Routes: ``POST /predict`` (multipart ``file``, JSON ``{"image": "<base64>"}`` or the raw image bytes),
-``GET /health`` (200 while an inference worker answers: its model loaded, its heartbeat fresh), ``GET /info``
-(the model, checkpoint and classes served), ``GET /metrics`` (Prometheus: ``project.serve.metrics``) and ``GET /``
-(a page to draw a digit on, ``project/serve/page.html``; ``--no-page`` leaves LitServe's own text there).
-Images are prepared as the model's input contract says (``project.inputs``: read from the checkpoint, or from
-the ONNX file's metadata), with the code ``predict --data.predict_dir`` runs, so a file gets the same answer from
-both. SIGTERM (``docker stop``, systemd, Kubernetes) and SIGINT (Ctrl-C, which the terminal sends to every process
-of the group) stop accepting, answer what is in flight and exit 0; only the main process acts on them.
-Should the main process die without that (SIGKILL), every other one dies with it (``project.serve.lifetime``).
+``GET /health`` (200 while an inference worker answers: its model loaded, its heartbeat fresh),
+``GET /info`` (the model, checkpoint and classes served), ``GET /metrics`` (Prometheus:
+``project.serve.metrics``) and ``GET /`` (a page to draw a digit on,
+``project/serve/page.html``; ``--no-page`` leaves LitServe's own text there).
+
+Images are prepared as the model's input contract says (``project.inputs``: read from the
+checkpoint, or from the ONNX file's metadata), with the code ``predict --data.predict_dir`` runs, so a
+file gets the same answer from both. SIGTERM (``docker stop``, systemd, Kubernetes) and SIGINT (Ctrl-C,
+which the terminal sends to every process of the group) stop accepting, answer what is in flight and
+exit 0; only the main process acts on them. Should the main process die without that (SIGKILL), every
+other one dies with it (``project.serve.lifetime``).
 """
 
 import argparse
@@ -321,8 +324,9 @@ def stop_on_signals() -> None:
 
 
 class DigitServer(server_base()):
-    """LitServe's server (with ``project.serve.litserve_workarounds`` on the versions they were tested with), whose
-    default no-authentication dependency runs in the event loop and whose inference workers ignore Ctrl-C."""
+    """LitServe's server (with ``project.serve.litserve_workarounds`` on the versions they were tested
+    with), whose default no-authentication dependency runs in the event loop and whose inference workers
+    ignore Ctrl-C."""
 
     def setup_auth(self, lit_api: ls.LitAPI | None = None) -> Callable:
         auth = super().setup_auth(lit_api)

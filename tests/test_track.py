@@ -99,9 +99,11 @@ def test_wandb_overlay_runs_offline_without_network_and_its_run_reads_back(mnist
     for key in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):  # not the user's ~/.config/wandb
         monkeypatch.setenv(key, str(tmp_path / "home"))
     # Any HTTP(S) that W&B's service process (wandb-core) tried would go to this loopback listener, and be counted.
-    trap = socket.create_server(("127.0.0.1", 0))
+    # On 127.0.0.2, an address no other test's client uses: a client of another test running beside this one (its
+    # server's port picked, closed and reused) could otherwise land on the trap's port and be counted as W&B.
+    trap = socket.create_server(("127.0.0.2", 0))
     trap.setblocking(False)
-    url = f"http://127.0.0.1:{trap.getsockname()[1]}"
+    url = f"http://127.0.0.2:{trap.getsockname()[1]}"
     for key in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy", "WANDB_BASE_URL"):
         monkeypatch.setenv(key, url)
     # And in this process: every connection and name lookup that would leave the machine.

@@ -119,7 +119,7 @@ def private_names_used() -> set[str]:
                 if isinstance(node.ctx, ast.Store):
                     own.add(node.attr)
                 used.add(node.attr)
-    # A library attribute the package assigns (``_module_has_flops``, ``_save_dir``) counts as its own here: the
+    # A library attribute the package assigns (``_save_dir``) counts as its own here: the
     # list above names those by hand.
     return used - own
 

@@ -56,6 +56,16 @@ def test_the_readme_is_short_and_every_link_between_the_pages_resolves():
             assert (ROOT / page).parent.joinpath(target).resolve().is_file(), f"{page} links to {target}"
 
 
+def test_every_page_a_config_comment_names_exists_and_none_points_into_the_readme():
+    """The configs' comments send readers to pages: each page exists, and none to a README section (the README is
+    short; its sections move)."""
+    for config in sorted((ROOT / "configs").glob("*.yaml")):
+        comments = "\n".join(line.split("#", 1)[1] for line in config.read_text().splitlines() if "#" in line)
+        for page in re.findall(r"\b((?:docs/)?[\w-]+\.md)\b", comments):
+            assert (ROOT / page).is_file(), f"configs/{config.name} names {page}, which does not exist"
+        assert not re.search(r"\bREADME\b", comments), f"configs/{config.name} points into the README"
+
+
 def test_every_feature_has_its_page_and_a_row_in_the_readme():
     paged = list(FEATURES)
     paged.append("notebooks")  # [notebooks]

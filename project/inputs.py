@@ -132,21 +132,21 @@ def read_contract(checkpoint: dict[str, Any], path: str | Path) -> InputContract
         raise CheckpointError(f"ckpt_path {path}: checkpoint['{KEY}'] is malformed: {exc}") from exc
 
 
-def stated_contract(trainer: L.Trainer) -> InputContract | None:
-    """The contract the trainer's DataModule states (``input_contract()``), or None if it states none."""
-    stating = getattr(trainer.datamodule, "input_contract", None)
+def stated_contract(datamodule: L.LightningDataModule | None) -> InputContract | None:
+    """The contract ``datamodule`` states (``input_contract()``), or None if it states none."""
+    stating = getattr(datamodule, "input_contract", None)
     return stating() if callable(stating) else None
 
 
 def save_contract(trainer: L.Trainer, checkpoint: dict[str, Any]) -> None:
     """Write the trainer's DataModule's contract into ``checkpoint`` (from ``LightningModule.on_save_checkpoint``)."""
-    if (contract := stated_contract(trainer)) is not None:
+    if (contract := stated_contract(trainer.datamodule)) is not None:
         checkpoint[KEY] = contract.to_dict()
 
 
 def example_input(trainer: L.Trainer) -> Tensor | None:
     """One zero image (1, C, H, W) of the shape the trainer's DataModule states, or None if it states none."""
-    if (contract := stated_contract(trainer)) is None:
+    if (contract := stated_contract(trainer.datamodule)) is None:
         return None
     return torch.zeros(1, contract.channels, contract.size, contract.size)
 

@@ -48,6 +48,7 @@ from project.checkpointing import (
 )
 from project.cli import UserError
 from project.hardware import cpu_has_native_bf16, recommended_precision
+from project.inputs import stated_contract
 from project.module import MNISTClassifier
 from project.visuals import TensorBoardImages
 from project.writer import free_path
@@ -68,10 +69,9 @@ def check_net_takes_the_data(net: torch.nn.Module, datamodule: L.LightningDataMo
     """Run ``net`` on two zero images of the shape the DataModule states (its ``input_contract()``), before any
     run folder is made: a channel or size mismatch is one line naming both sides, not a traceback from inside the
     model summary. Eval mode and no grad: batch-norm statistics are left as they were."""
-    stating = getattr(datamodule, "input_contract", None)
-    if not callable(stating):
+    if (contract := stated_contract(datamodule)) is None:
         return
-    shape = stating().shape  # (C, H, W)
+    shape = contract.shape  # (C, H, W)
     given = [f"data.{k}={datamodule.hparams[k]}" for k in ("channels", "image_size") if k in datamodule.hparams]
     data = f"{type(datamodule).__name__} gives {shape[0]}x{shape[1]}x{shape[2]} images" + (
         f" ({', '.join(given)})" if given else ""

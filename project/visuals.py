@@ -31,7 +31,7 @@ def image_grid(images: np.ndarray, captions: list[str] | None = None, columns: i
     b, h, w = images.shape[:3]
     mode = "L" if images.ndim == 3 else "RGB"
     caption_h = 12 if captions else 0
-    width = max(w * scale, 6 * max((len(c) for c in captions), default=0) if captions else 0)  # PIL's font: 6 px
+    width = max([w * scale] + [6 * len(c) for c in captions or []])  # a caption's width: PIL's font is 6 px
     cell_h, cell_w = h * scale + caption_h + 4, width + 4
     rows = -(-b // columns)
     canvas = Image.new("RGB", (columns * cell_w, rows * cell_h), (40, 40, 40))

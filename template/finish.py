@@ -180,13 +180,15 @@ def rendered(root: Path, template: Path, features: set[str]) -> list[Path]:
 
     config = yaml.safe_load((template / "copier.yml").read_text())
     rendered_patterns = [jinja2.Template(p).render(features=sorted(features)) for p in config["_exclude"]]
-    excluded = pathspec.PathSpec.from_lines("gitwildmatch", [p for p in rendered_patterns if p.strip()])
+    # copier's own choice of pattern style for the installed pathspec (copier._main._pathspec_pattern)
+    style = "gitignore" if int(pathspec.__version__.split(".")[0]) >= 1 else "gitwildmatch"
+    excluded = pathspec.PathSpec.from_lines(style, [p for p in rendered_patterns if p.strip()])
     found = []
     for path in sorted(template.rglob("*")):
         relative = path.relative_to(template)
         if ".git" in relative.parts or not path.is_file() or excluded.match_file(str(relative)):
             continue
-        if relative.suffix == ".jinja":  # copier's own templated files (the answers file)
+        if relative.suffix == ".jinja":  # copier's own templated file: the answers file, copier's record
             continue
         if (root / relative).is_file():
             found.append(root / relative)
@@ -241,7 +243,6 @@ def finish(
     if operation == "update" and (old := previous_package(root)) not in (None, package):
         refuse_rename(root, old, package)
     files = [p for p in rendered(root, template, features) if is_text(p)] if template else text_files(root)
-    files = [p for p in files if not p.name.startswith(".copier-answers")]
     for path in files:
         text = path.read_text()
         updated = strip(text, features, str(path.relative_to(root)))

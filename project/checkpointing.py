@@ -117,7 +117,42 @@ class BestAndLastCheckpoint(ModelCheckpoint):
 
 
 class SaveOnInterrupt(L.Callback):
-    """On SIGTERM or Ctrl-C during ``fit``, save ``last.ckpt`` in the run's checkpoint folder and say how to resume."""
+    """On SIGTERM or Ctrl-C during ``fit``, save ``last.ckpt`` in the run's checkpoint folder and say how to resume.
+
+    SIGTERM (a scheduler's requeue or preemption, ``docker stop``, torchrun stopping its workers) stops every process
+    of the run at the same training step: while it trains, the handler only notes the signal, and at the end of each
+    training batch the processes agree (one all-reduce of that note) and stop together. Lightning's own handler
+    (2.6.6) broadcasts from inside the signal handler and lets each process check its own flag at a different
+    point, so two processes signalled at slightly different moments meet in different collectives and wait forever:
+    2 of 6 SLURM requeues of a 2-task job hung that way before this. A SIGTERM during validation stops at the next
+    training batch (or at the end of training).
+    """
+
+    def __init__(self) -> None:
+        self._signalled = False
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._signalled = False
+        if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+            return
+
+        def note(signum: int, _frame: Any) -> None:
+            launcher = trainer.strategy.launcher
+            if not self._signalled and launcher is not None:  # processes Lightning started itself get it too
+                launcher.kill(signum)
+            self._signalled = True
+
+        # Lightning's handler (set when fit started) comes back when the Trainer tears down at the end of fit.
+        signal.signal(signal.SIGTERM, note)
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        if trainer.strategy.reduce_boolean_decision(self._signalled, all=False):  # one process signalled: all stop
+            raise SIGTERMException
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # A SIGTERM during the last validation has no next batch to stop at: it stops here.
+        if trainer.strategy.reduce_boolean_decision(self._signalled, all=False):
+            raise SIGTERMException
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         if not isinstance(exception, (KeyboardInterrupt, SIGTERMException)):

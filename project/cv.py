@@ -8,9 +8,13 @@ disjoint parts and validates on part i; the test set stays untouched), a run of 
 ``val/acc`` with its ``val/loss`` (and, with ``--test``, the test accuracy of the fold's best checkpoint), their mean
 and standard deviation. The same command again continues the cross-validation it started: finished folds are kept,
 an interrupted one resumes from its ``last.ckpt``.
+
+On a scheduler the folds run side by side, one job each (a job array): ``--fold i`` runs fold i
+alone and ``--summarize`` writes the summary of the finished folds; the same options find the same ``cv_<n>``.
 """
 
 import argparse
+import fcntl
 import json
 import statistics
 import time
@@ -52,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m project cv", description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--folds", type=int, required=True, help="K: the number of folds, at least 2")
     parser.add_argument("--test", action="store_true", help="also test each fold's best checkpoint on the test set")
+    alone = parser.add_mutually_exclusive_group()
+    alone.add_argument("--fold", type=int, help="run only this fold (0 to K-1), e.g. one per job of an array")
+    alone.add_argument("--summarize", action="store_true", help="run no fold: summarize the finished ones")
     return parser
 
 
@@ -108,6 +115,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args, fit_args = parser.parse_known_args(argv)
     if args.folds < 2:
         parser.error(f"--folds {args.folds}: a cross-validation needs at least 2 folds.")
+    if args.fold is not None and not 0 <= args.fold < args.folds:
+        parser.error(f"--fold {args.fold}: the folds of --folds {args.folds} are 0 to {args.folds - 1}.")
     taken = [a for a in fit_args if a.split("=", 1)[0] in ("--data.num_folds", "--data.fold", "--ckpt_path")]
     if taken:
         parser.error(f"{', '.join(taken)}: cv sets the folds and resumes its own folds; leave them out.")
@@ -129,11 +138,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     del probe
 
     command = {"folds": args.folds, "test": args.test, "fit": fit_args}
-    folder = cv_folder(root / name, command)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "cv.json").write_text(json.dumps(command, indent=2) + "\n")
+    if args.summarize:  # the folds ran elsewhere (an array of jobs): their folder must be there, all of them done
+        folder = cv_folder(root / name, command)
+        missing = [f for f in range(args.folds) if not (folder / f"fold_{f}" / "result.json").is_file()]
+        if missing:
+            parser.error(f"--summarize: fold(s) {missing} of {folder} have no result.json yet: run them first.")
+    else:
+        (root / name).mkdir(parents=True, exist_ok=True)
+        # Folds started at once (an array of jobs) pick the folder one at a time: each finds the one the first made.
+        with open(root / name / ".cv.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            folder = cv_folder(root / name, command)
+            folder.mkdir(exist_ok=True)
+            (folder / "cv.json").write_text(json.dumps(command, indent=2) + "\n")
     results = []
-    for fold in range(args.folds):
+    for fold in range(args.folds) if args.fold is None else [args.fold]:
         done = folder / f"fold_{fold}" / "result.json"
         if done.is_file():
             print(f"cv: fold {fold} of {args.folds} finished before: {done}")
@@ -152,6 +171,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         done.write_text(json.dumps(result, indent=2) + "\n")
         results.append(result)
         del cli
+    if args.fold is not None:  # the other folds run elsewhere; --summarize once they are all done
+        print(f"cv: fold {args.fold} of {args.folds}: {folder / f'fold_{args.fold}' / 'result.json'}")
+        return {"command": command, "folds": results}
     summary = {"command": command, **summarize(results)}
     (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(table(summary))

@@ -185,6 +185,8 @@ def quiet_lightning() -> None:
     # Resuming into the run's own checkpoint folder is the point of `--ckpt_path last`.
     warnings.filterwarnings("ignore", message=r".*Checkpoint directory .* exists and is not empty.*")
     warnings.filterwarnings("ignore", message=r".*args parameter is intended to run from within Python.*")  # we do
+    if not os.environ.get("SLURM_JOB_ID"):  # outside a SLURM job, `srun` on PATH says nothing about this run
+        warnings.filterwarnings("ignore", message=r"The `srun` command is available on your system but is not used")
 
 
 def resolve(class_path: str) -> type | None:

@@ -38,6 +38,9 @@ WORDS = {
         *[r"StepProfiler", r"PyTorchProfiler", r"profiler\.py", r"profile\.yaml"],
     ],
     "notebooks": [r"notebook", r"ipynb", r"nbmake", r"ipykernel", r"nbformat"],
+    # The core knows SLURM job IDs (job_identity) and docs/distributed.md shows an sbatch script: the feature is
+    # its own scripts.
+    "slurm": [r"scripts/slurm", r"\.sbatch\b", r"slurm\.md", r"local_cluster"],
 }
 # A feature that works with another may name it in its own files: serve answers for exported ONNX files (and
 # reads a folder-trained checkpoint's sizes).

@@ -117,6 +117,47 @@ def test_interrupt_saves_a_resumable_checkpoint(mnist_dir, tmp_path, monkeypatch
     assert resumed.trainer.current_epoch == last["epoch"] + 2
 
 
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+    return found
+
+
+@pytest.mark.slow  # two training processes: ~25 s
+def test_sigterm_to_one_process_of_a_ddp_fit_stops_both_at_one_step_and_saves(mnist_dir, tmp_path):
+    """A scheduler signals each process at its own moment: here only rank 1. Both stop at the same step (they agree
+    at the end of every batch) and rank 0 saves; with Lightning's own handler, rank 1 left alone and rank 0 waited
+    in its next collective until the process group's timeout."""
+    cmd = fit_command(
+        mnist_dir,
+        f"--config={ROOT / 'configs' / 'ddp_cpu.yaml'}",
+        "--trainer.max_epochs=10000",
+        "--trainer.callbacks+=project.checkpointing.SaveOnInterrupt",
+    )
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        checkpoints = tmp_path / "logs" / "mnist" / "version_0" / "checkpoints"
+        deadline = time.monotonic() + 120
+        while not any(checkpoints.glob("epoch*.ckpt")) and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        os.kill(children(proc.pid)[0], signal.SIGTERM)  # rank 1: Lightning started it, `python -m project fit` again
+        out, _ = proc.communicate(timeout=60)
+    finally:  # a fit of 10000 epochs must never outlive the test
+        for child in children(proc.pid):
+            os.kill(child, signal.SIGKILL)
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 143, out[-3000:]
+    assert "SIGTERM: stopped at epoch" in out and "Traceback" not in out, out[-3000:]
+    assert load_checkpoint(checkpoints / "last.ckpt")["global_step"] > 0
+
+
 class LastCkptSteps(L.Callback):
     """Records the global step held by last.ckpt at the start of every training batch."""
 

@@ -61,12 +61,31 @@ def test_cv_runs_every_fold_and_summarises_them(mnist_dir, tmp_path, monkeypatch
     assert (tmp_path / "logs" / "mnist" / "cv_1" / "summary.json").is_file()
 
 
+def test_folds_run_one_at_a_time_and_summarize_into_the_same_summary(mnist_dir, tmp_path, monkeypatch, capsys):
+    """What a job array does: `cv --fold i` per job, then `cv --summarize`."""
+    monkeypatch.chdir(tmp_path)
+    command = ["cv", "--folds", "2", *small_run(mnist_dir, tmp_path / "logs")]
+    one = cli_main([*command, "--fold", "1"])
+    folder = tmp_path / "logs" / "mnist" / "cv_0"
+    assert [r["fold"] for r in one["folds"]] == [1] and not (folder / "fold_0").exists()
+    with pytest.raises(SystemExit):  # fold 0 has not run: nothing to summarize yet
+        cli_main([*command, "--summarize"])
+    assert "--summarize: fold(s) [0] of" in capsys.readouterr().err
+    cli_main([*command, "--fold", "0"])
+    summary = cli_main([*command, "--summarize"])
+    assert json.loads((folder / "summary.json").read_text()) == summary
+    assert [r["fold"] for r in summary["folds"]] == [0, 1] and "mean" in summary["val/acc"]
+    assert sorted(p.name for p in folder.parent.iterdir() if not p.name.startswith(".")) == ["cv_0"]
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (["--folds", "1"], "--folds 1: a cross-validation needs at least 2 folds"),
         (["--folds", "3", "--data.fold=1"], "--data.fold=1: cv sets the folds"),
         (["--folds", "3", "--data.batch_size=0"], "data.batch_size must be at least 1"),
+        (["--folds", "3", "--fold", "3"], "--fold 3: the folds of --folds 3 are 0 to 2"),
+        (["--folds", "3", "--summarize"], "--summarize: fold(s) [0, 1, 2] of"),
     ],
 )
 def test_cv_refuses_bad_input_before_any_training(mnist_dir, tmp_path, monkeypatch, capsys, args, message):

@@ -37,6 +37,9 @@ def documented_commands() -> list[str]:
             line = line.split("  #")[0].strip()
             if "-m project " in line:
                 commands.append(line[line.index("-m project ") + len("-m project ") :])
+            # a batch script's command and its arguments  # [slurm]
+            if script := re.search(r"scripts/slurm/(\w+)\.sbatch(.*)", line):  # [slurm]
+                commands.append(script.group(1) + script.group(2))  # [slurm]
     return commands
 
 
@@ -69,6 +72,7 @@ def test_every_page_a_config_comment_names_exists_and_none_points_into_the_readm
 def test_every_feature_has_its_page_and_a_row_in_the_readme():
     paged = list(FEATURES)
     paged.append("notebooks")  # [notebooks]
+    paged.append("slurm")  # [slurm]
     for feature in paged:
         assert (ROOT / "docs" / f"{feature}.md").is_file(), f"docs/{feature}.md is missing"
         assert f"| `{feature}` |" in README and f"(docs/{feature}.md)" in README, feature

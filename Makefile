@@ -23,9 +23,10 @@ test:  ## the whole test suite (needs PATH_DATASETS for the real-MNIST test)
 test-fast:  ## the offline tests only
 	$(PYTHON) -m pytest -m "not slow"
 
-lint:  ## ruff lint and format check
+lint:  ## ruff lint and format check, and the type check
 	ruff check .
 	ruff format --check .
+	mypy
 
 format:  ## fix what ruff can
 	ruff check --fix .

@@ -41,8 +41,8 @@ def signals_held() -> Iterator[None]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-        for signum in pending:  # a signal that arrived inside the block is delivered now
-            signal.raise_signal(signum)
+        for received in pending:  # a signal that arrived inside the block is delivered now
+            signal.raise_signal(received)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -164,13 +164,16 @@ class SaveOnInterrupt(L.Callback):
             trainer.progress_bar_callback.on_exception(trainer, pl_module, exception)
         # During fit, also while it validates (trainer.training is False then): a Ctrl-C lands there often.
         if trainer.state.fn != TrainerFn.FITTING:  # test_after_fit, validate, test, predict: nothing to resume
-            rank_zero_info(f"\n{what}: stopped while running {trainer.state.fn.value}; nothing was saved.")
+            running = trainer.state.fn.value if trainer.state.fn else "it"
+            rank_zero_info(f"\n{what}: stopped while running {running}; nothing was saved.")
             return
         callback = trainer.checkpoint_callback
-        folder = Path(callback.dirpath) if callback and callback.dirpath else Path(trainer.default_root_dir)
+        dirpath = callback.dirpath if isinstance(callback, ModelCheckpoint) else None
+        folder = Path(dirpath) if dirpath else Path(trainer.default_root_dir)
         path = folder / "last.ckpt"
         for checkpointing in trainer.checkpoint_callbacks:
-            forget_unwritten(checkpointing)
+            if isinstance(checkpointing, ModelCheckpoint):
+                forget_unwritten(checkpointing)
         trainer.save_checkpoint(path)
         rank_zero_info(
             f"\n{what}: stopped at epoch {trainer.current_epoch}, global step {trainer.global_step}. "

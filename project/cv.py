@@ -80,7 +80,7 @@ def fold_result(cli: Any, fold: int, history: FoldHistory, seconds: float) -> di
         raise RuntimeError(f"fold {fold} logged no {VAL_ACC}: did it validate (trainer.limit_val_batches > 0)?")
     best = max(history.epochs, key=lambda e: e[VAL_ACC])
     checkpoint = cli.trainer.checkpoint_callback
-    result = {"fold": fold, **best, "epochs": len(history.epochs), "seconds": round(seconds, 1)}
+    result: dict[str, Any] = {"fold": fold, **best, "epochs": len(history.epochs), "seconds": round(seconds, 1)}
     result["checkpoint"] = checkpoint.best_model_path if checkpoint is not None else ""
     if TEST_ACC in cli.trainer.callback_metrics:
         result[TEST_ACC] = float(cli.trainer.callback_metrics[TEST_ACC])

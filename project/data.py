@@ -179,8 +179,9 @@ class InMemoryDataset(Dataset):
         return self.images[index], self.labels[index]  # (B, H, W) uint8, (B,) int64
 
 
-def keep_batch(batch: tuple[Tensor, Tensor] | Tensor) -> tuple[Tensor, Tensor] | Tensor:
-    """Collate function for ``InMemoryDataset``: ``__getitems__`` already returns the batch."""
+def keep_batch(batch: Any) -> Any:
+    """Collate function for ``InMemoryDataset``: ``__getitems__`` already returns the batch, (images (B, C, H, W),
+    labels (B,)) or images alone."""
     return batch
 
 
@@ -359,12 +360,12 @@ class MNISTDataModule(L.LightningDataModule):
             else:
                 full = self._dataset(images, labels)
                 generator = torch.Generator().manual_seed(self.seed)
-                train, val = random_split(full, [len(full) - self.val_size, self.val_size], generator=generator)
-                self.splits.update(train=train, val=val)
+                parts = random_split(full, [len(full) - self.val_size, self.val_size], generator=generator)
+                self.splits.update(train=parts[0], val=parts[1])
         if stage in ("test", "predict"):
             self.splits["test"] = self._dataset(*load_split(self.raw_dir, "t10k"))
 
-    def _dataset(self, images: Tensor, labels: Tensor | None) -> Dataset:
+    def _dataset(self, images: Tensor, labels: Tensor | None) -> InMemoryDataset | PILImageDataset:
         return InMemoryDataset(images, labels) if self.in_memory else PILImageDataset(images, labels, self.transform)
 
     def _loader(self, split: str, shuffle: bool = False) -> DataLoader:

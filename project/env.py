@@ -15,7 +15,7 @@ PACKAGES = ("torch", "torchvision", "lightning", "torchmetrics")
 
 def collect() -> dict[str, Any]:
     """Everything ``env`` reports, as one JSON-serialisable dict."""
-    versions = {"python": platform.python_version()}
+    versions: dict[str, str | None] = {"python": platform.python_version()}
     for name in PACKAGES:
         try:
             versions[name] = importlib.metadata.version(name)

@@ -122,8 +122,7 @@ def mnist_style(image: Image.Image, box: int = 20, size: int = 28) -> Tensor:
     """
     if image.mode in ("RGBA", "LA", "P"):  # transparent background → white, as on paper
         rgba = image.convert("RGBA")
-        background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-        image = Image.alpha_composite(background, rgba)
+        image = Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba)
     grey = np.asarray(ImageOps.exif_transpose(image).convert("L"), dtype=np.float32)
     # The border is background: invert when it is lighter than the middle (a dark digit on light paper).
     background = float(np.median(np.concatenate([grey[0], grey[-1], grey[:, 0], grey[:, -1]])))

@@ -138,15 +138,21 @@ def stated_contract(datamodule: L.LightningDataModule | None) -> InputContract |
     return stating() if callable(stating) else None
 
 
+def datamodule_of(trainer: L.Trainer) -> L.LightningDataModule | None:
+    """The trainer's DataModule, or None. Lightning sets ``trainer.datamodule`` when a run starts and declares it
+    nowhere a type checker can see (2.6.6)."""
+    return getattr(trainer, "datamodule", None)
+
+
 def save_contract(trainer: L.Trainer, checkpoint: dict[str, Any]) -> None:
     """Write the trainer's DataModule's contract into ``checkpoint`` (from ``LightningModule.on_save_checkpoint``)."""
-    if (contract := stated_contract(trainer.datamodule)) is not None:
+    if (contract := stated_contract(datamodule_of(trainer))) is not None:
         checkpoint[KEY] = contract.to_dict()
 
 
 def example_input(trainer: L.Trainer) -> Tensor | None:
     """One zero image (1, C, H, W) of the shape the trainer's DataModule states, or None if it states none."""
-    if (contract := stated_contract(trainer.datamodule)) is None:
+    if (contract := stated_contract(datamodule_of(trainer))) is None:
         return None
     return torch.zeros(1, contract.channels, contract.size, contract.size)
 
@@ -154,6 +160,6 @@ def example_input(trainer: L.Trainer) -> Tensor | None:
 def restore_contract(trainer: L.Trainer, checkpoint: dict[str, Any]) -> None:
     """Hand a checkpoint's contract to the trainer's DataModule (``load_input_contract``), so that resuming, testing
     and predicting prepare and normalise images as the checkpoint's training did."""
-    taking = getattr(trainer.datamodule, "load_input_contract", None)
+    taking = getattr(datamodule_of(trainer), "load_input_contract", None)
     if callable(taking) and isinstance(checkpoint.get(KEY), dict):
         taking(InputContract.from_dict(checkpoint[KEY]))

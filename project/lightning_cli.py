@@ -150,11 +150,11 @@ class KeepingSaveConfigCallback(SaveConfigCallback):
         super().setup(trainer, pl_module, stage)
 
     def save_config(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        loggers = [lg for lg in trainer.loggers if callable(getattr(lg, "log_config", None))]
-        if loggers:
+        hooks = [hook for lg in trainer.loggers if callable(hook := getattr(lg, "log_config", None))]
+        if hooks:
             config = yaml.safe_load(self.parser.dump(self.config, skip_none=False))
-            for logger in loggers:
-                logger.log_config(config, Path(trainer.log_dir or ".") / self.config_filename)
+            for hook in hooks:
+                hook(config, Path(trainer.log_dir or ".") / self.config_filename)
 
 
 class LightningNoise(logging.Filter):
@@ -341,7 +341,8 @@ class MNISTCLI(LightningCLI):
         """A command stopped by bad input leaves no folder for TensorBoard to list: the one it made (a config and
         an empty event file) goes, unless it holds a checkpoint."""
         folder = self._new_folder
-        if folder is not None and folder.is_dir() and rank_zero_only.rank == 0 and not any(folder.rglob("*.ckpt")):
+        rank0 = rank_zero_only.rank == 0  # type: ignore[attr-defined]  # Lightning sets it at import, from the env
+        if folder is not None and folder.is_dir() and rank0 and not any(folder.rglob("*.ckpt")):
             shutil.rmtree(folder, ignore_errors=True)
             if folder.parent.name == "eval" and not any(folder.parent.iterdir()):
                 folder.parent.rmdir()
@@ -438,7 +439,9 @@ class MNISTCLI(LightningCLI):
         config.ckpt_path = ckpt
         path = Path(ckpt).resolve()
         run = path.parent.parent  # <save_dir>/<name>/<version>/checkpoints/<file>.ckpt
-        if run_root is None or path.parent.name != "checkpoints" or run.parent != run_root.resolve():
+        if logger is None or entry is None or run_root is None:
+            return  # no run folder to resume into or evaluate beside
+        if path.parent.name != "checkpoints" or run.parent != run_root.resolve():
             return  # a checkpoint from elsewhere: a run folder of its own, as for any run
         if subcommand == "fit":
             logger.version = run.name  # resume into the same run: same folder, same TensorBoard curves
@@ -567,10 +570,12 @@ class MNISTCLI(LightningCLI):
         # A logger beside TensorBoard that keeps files of its own (a tracker's offline run) may keep them in the run's
         # folder: once a command runs (not for a parse only), on the process that writes the run (rank 0).
         board = trainer.loggers[0] if trainer.loggers else None
-        keeps_files = self.subcommand is not None and rank_zero_only.rank == 0 and isinstance(board, TensorBoardLogger)
-        for logger in trainer.loggers[1:] if keeps_files else []:
-            if callable(getattr(logger, "use_run_folder", None)):
-                logger.use_run_folder(Path(board.log_dir))
+        rank0 = rank_zero_only.rank == 0  # type: ignore[attr-defined]  # Lightning sets it at import, from the env
+        keeps_files = self.subcommand is not None and rank0 and isinstance(board, TensorBoardLogger)
+        if keeps_files and board is not None and board.log_dir:
+            for logger in trainer.loggers[1:]:
+                if callable(use := getattr(logger, "use_run_folder", None)):
+                    use(Path(board.log_dir))
         return trainer
 
     def after_fit(self) -> None:
@@ -580,7 +585,8 @@ class MNISTCLI(LightningCLI):
         if "val/acc_best" in trainer.callback_metrics:
             metrics["val/acc_best"] = float(trainer.callback_metrics["val/acc_best"])
         if self.config.fit.test_after_fit:
-            best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+            checkpoint = trainer.checkpoint_callback
+            best = checkpoint.best_model_path if isinstance(checkpoint, ModelCheckpoint) else ""
             results = trainer.test(self.model, datamodule=self.datamodule, ckpt_path="best" if best else None)
             metrics["test/acc"] = results[0]["test/acc"]
         for logger in trainer.loggers:
@@ -625,7 +631,8 @@ def run(
     names it, instead of printing it and exiting.
     """
     quiet_lightning()
-    defaults = {"default_config_files": [str(DEFAULT_RECIPE)]} if DEFAULT_RECIPE.is_file() else {}
+    defaults: dict[str, Any] = {"default_config_files": [str(DEFAULT_RECIPE)]} if DEFAULT_RECIPE.is_file() else {}
+    parser_kwargs: dict[str, Any]
     if subcommand:
         every = LightningCLI.subcommands()
         commands = [argv[0]] if argv and argv[0] in every else list(every)  # MNISTCLI.subcommands() agrees
@@ -650,8 +657,8 @@ def run(
     except SIGTERMException:  # SaveOnInterrupt has saved a checkpoint and said where: exit without a traceback
         raise SystemExit(143) from None
     for logger in cli.trainer.loggers if subcommand else []:
-        if callable(getattr(logger, "finish", None)):
-            logger.finish()
+        if callable(finish := getattr(logger, "finish", None)):
+            finish()
     return cli
 
 

@@ -55,6 +55,8 @@ class LearningRateReport(LearningRateFinder):
             raise _TunerExitException()  # Lightning's own way to end fit after a tuner: no training, no traceback
 
     def _report(self, trainer: L.Trainer) -> None:
+        if self.optimal_lr is None:  # the range test did not run
+            return
         lrs, losses = self.optimal_lr.results["lr"], self.optimal_lr.results["loss"]
         image = line_plot(lrs, losses, mark=self.suggestion)
         folder = Path(trainer.log_dir or trainer.default_root_dir)

@@ -76,7 +76,7 @@ class MNISTClassifier(L.LightningModule):
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.scheduler_interval = scheduler_interval
-        self.compile = compile
+        self.compile_net = compile  # not `self.compile`: nn.Module.compile is a method
         self.init_from = init_from
         if channels_last:
             self.net = self.net.to(memory_format=torch.channels_last)
@@ -96,7 +96,7 @@ class MNISTClassifier(L.LightningModule):
         return self.net(x)
 
     def setup(self, stage: str) -> None:
-        if stage == "fit" and not self.compile:
+        if stage == "fit" and not self.compile_net:
             # The model summary runs it: FLOPs and each layer's in/out sizes instead of "Total FLOPs: 0". Not for
             # a compiled net, which would compile once more for a batch of one.
             self.example_input_array = example_input(self.trainer)
@@ -114,7 +114,7 @@ class MNISTClassifier(L.LightningModule):
             rank_zero_info(f"Starting from the weights of {self.init_from} (a new run: fresh optimizer and schedule).")
 
     def configure_model(self) -> None:
-        if self.compile:
+        if self.compile_net:
             # In place: unlike `torch.compile(net)` this adds no `_orig_mod.` prefix to the state dict.
             self.net.compile()
 
@@ -146,7 +146,7 @@ class MNISTClassifier(L.LightningModule):
 
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
         loss = self._shared_step(batch, "train")[0]
-        every = self.trainer.log_every_n_steps
+        every = self.trainer.log_every_n_steps  # type: ignore[attr-defined]  # set by Lightning, declared nowhere
         if every and (self.trainer.global_step + 1) % every == 0:
             # Only on the steps the loggers write (trainer.log_every_n_steps), averaged across DDP ranks.
             self.log("train/loss_step", loss, prog_bar=True, sync_dist=True)
@@ -209,6 +209,7 @@ class MNISTClassifier(L.LightningModule):
 
     def configure_optimizers(self) -> Any:
         params = self.parameters()
+        optimizer: torch.optim.Optimizer
         if self.optimizer is None:
             optimizer = torch.optim.AdamW(params, lr=1e-3, weight_decay=1e-4)
         else:
@@ -218,7 +219,7 @@ class MNISTClassifier(L.LightningModule):
         scheduler = self.scheduler(optimizer)
         if getattr(scheduler, "follows_trainer", False):
             # The horizon follows the run (max_epochs, limit_train_batches, accumulation, devices): one key to change.
-            scheduler.total_steps = int(self.trainer.estimated_stepping_batches)
+            scheduler.total_steps = int(self.trainer.estimated_stepping_batches)  # type: ignore[attr-defined]
         config = {"scheduler": scheduler, "interval": getattr(scheduler, "interval", self.scheduler_interval)}
         monitor = getattr(scheduler, "monitor", None)
         if monitor is not None:

@@ -2,6 +2,7 @@
 
 import math
 
+from torch import Tensor
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
@@ -54,7 +55,7 @@ class WarmupCosineLR(LRScheduler):
         progress = min(1.0, (step - self.warmup_steps) / span)
         return self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
-    def get_lr(self) -> list[float]:
+    def get_lr(self) -> list[float | Tensor]:  # the supertype's: a base rate may be a tensor
         return [base * self.factor(self.last_epoch) for base in self.base_lrs]
 
     def load_state_dict(self, state_dict: dict) -> None:

@@ -154,7 +154,8 @@ class TensorBoardImages(L.Callback):
         # Keep the `worst` misclassified images seen so far (lowest probability of the true class).
         candidates = (x[wrong].detach().cpu(), y[wrong].cpu(), pred[wrong].cpu(), p_true.cpu())
         if self._worst is not None:
-            candidates = tuple(torch.cat([a, b]) for a, b in zip(self._worst, candidates, strict=True))
+            images, true, pred, p = (torch.cat([a, b]) for a, b in zip(self._worst, candidates, strict=True))
+            candidates = (images, true, pred, p)
         keep = candidates[3].argsort()[: self.worst]
         self._worst = tuple(t[keep] for t in candidates)
 

@@ -1,6 +1,7 @@
 """Write ``predict`` results to a CSV file: one row per input, with every class probability."""
 
 import csv
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +10,8 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.utilities import rank_zero_info
+
+from project.inputs import datamodule_of
 
 
 def free_path(path: Path) -> Path:
@@ -50,7 +53,7 @@ class CSVPredictionWriter(BasePredictionWriter):
         trainer: L.Trainer,
         pl_module: L.LightningModule,
         prediction: dict[str, torch.Tensor],
-        batch_indices: list[int] | None,
+        batch_indices: Sequence[int] | None,
         batch: Any,
         batch_idx: int,
         dataloader_idx: int,
@@ -58,7 +61,7 @@ class CSVPredictionWriter(BasePredictionWriter):
         probs = prediction["probs"].float().cpu()  # (B, C)
         preds = prediction["preds"].cpu()  # (B,)
         labels = batch[1].cpu().tolist() if isinstance(batch, (tuple, list)) else None
-        files = getattr(trainer.datamodule, "predict_files", None) or None
+        files = getattr(datamodule_of(trainer), "predict_files", None) or None
         indices = batch_indices if batch_indices is not None else [None] * len(preds)
         names = pl_module.hparams.get("class_names")
         for i, index in enumerate(indices):
@@ -83,7 +86,7 @@ class CSVPredictionWriter(BasePredictionWriter):
         if trainer.global_rank != 0:
             return
         rows.sort(key=lambda r: (r.get("index") is None, r.get("index") or 0, r.get("path", "")))
-        failures = getattr(trainer.datamodule, "predict_failures", None) or []
+        failures = getattr(datamodule_of(trainer), "predict_failures", None) or []
         rows += [{"path": str(path), "error": reason} for path, reason in failures]
         output = self.output
         if not output.is_absolute() and trainer.log_dir is not None:

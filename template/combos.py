@@ -90,6 +90,7 @@ def check(name: str, features: list[str], tests: bool) -> float:
             sys.exit(f"{name}: the copy names features it dropped:\n  " + "\n  ".join(found))
         run(["ruff", "check", "--quiet", "."], copy)
         run(["ruff", "format", "--check", "--quiet", "."], copy)
+        run([sys.executable, "-m", "mypy"], copy)  # the copy's [tool.mypy]: its own package, as its .ci/run checks it
         if tests:
             pip = [sys.executable, "-m", "pip", "--quiet", "--disable-pip-version-check"]
             run([*pip, "install", "--no-deps", "-e", "."], copy)

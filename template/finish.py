@@ -98,6 +98,7 @@ def rewrite(text: str, old: str, new: str, pyproject: bool = False) -> str:
         text = re.sub(rf'^{o} = "{o}\.', f'{new} = "{new}.', text, flags=re.M)
         text = re.sub(rf'"{o}\[', f'"{new}[', text)  # dev = ["project[serve]"]: the extras of the features kept
         text = re.sub(rf"(?<!\w)-m {o}\b", f"-m {new}", text)  # the comments naming the commands
+        text = text.replace(f'files = ["{old}"]', f'files = ["{new}"]')  # [tool.mypy]: the package it checks
         return text.replace(f'include = ["{old}*"]', f'include = ["{new}*"]')
     rules = [
         (rf"\bfrom {o}\b", f"from {new}"),

@@ -7,6 +7,7 @@ import torch.distributed as dist
 from lightning.fabric.utilities.distributed import _init_dist_connection
 from lightning.fabric.utilities.seed import reset_seed
 from lightning.pytorch.strategies import DDPStrategy
+from torch.distributed.constants import default_pg_timeout
 
 
 class ElasticDDPStrategy(DDPStrategy):
@@ -35,7 +36,7 @@ class ElasticDDPStrategy(DDPStrategy):
             env.main_port,
             env.world_size(),
             is_master=not agent_store and env.global_rank() == 0,
-            timeout=self._timeout,
+            timeout=self._timeout or default_pg_timeout,
         )
         start = store.add(f"project/elastic/starts/rank{env.global_rank()}", 1)
         kwargs: dict[str, Any] = {

@@ -70,7 +70,7 @@ def rebuild_datamodule(checkpoint: dict[str, Any], overrides: dict[str, Any]) ->
     cls = resolve(str(saved.get("_class_path", "")))
     if cls is None:
         return None
-    accepted = inspect.signature(cls.__init__).parameters
+    accepted = inspect.signature(cls).parameters
     unknown = [key for key in overrides if key not in accepted]
     if unknown:
         names = ", ".join(p for p in accepted if p != "self")

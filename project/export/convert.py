@@ -191,10 +191,14 @@ def export(
         report.update(extra)
         if quantize:
             int8 = Path(tmp) / "int8.onnx"
-            options = {"per_channel": per_channel, "quant_format": quant_format, "all_layers": all_layers}
+            options: dict[str, Any] = {
+                "per_channel": per_channel,
+                "quant_format": quant_format,
+                "all_layers": all_layers,
+            }
             report["int8"] = (
                 quantize_static_onnx(written, int8, checks.calibration(calibration_images), **options)
-                if quantize == "static"
+                if quantize == "static" and checks is not None  # static without check data was refused above
                 else quantize_dynamic_onnx(written, int8)
             )
             report["int8"].update(compare_accuracy(written, int8, checks))

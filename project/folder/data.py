@@ -88,7 +88,8 @@ class ImageFolderDataModule(L.LightningDataModule):
         check_folds(num_folds, fold)
         self.save_hyperparameters()
         self.root = Path(root) if root is not None else None
-        self.image_size, self.channels = image_size, channels
+        self.image_size = image_size
+        self.channels: int = channels  # the checkpoint's, once load_input_contract has taken it
         self.batch_size, self.num_workers = batch_size, num_workers
         self.val_fraction, self.seed = val_fraction, seed
         self.num_folds, self.fold = num_folds, fold
@@ -190,12 +191,12 @@ class ImageFolderDataModule(L.LightningDataModule):
         if not self.splits:  # fit, then test_after_fit: decode once
             self._setup_splits()
 
-    def _load_predict_dir(self) -> None:
+    def _load_predict_dir(self, folder: Path) -> None:
         """The images of ``predict_dir`` as the predict split, in file-name order (unlabelled), prepared by the input
         contract in force: the checkpoint's, once ``load_input_contract`` has taken it."""
         images = []
         self.predict_files, self.predict_failures = [], []
-        for path in list_files(self.predict_dir):
+        for path in list_files(folder):
             try:
                 images.append(prepare_resized(path, self.image_size, self.channels))
             except Exception as exc:  # PIL raises several types for truncated or foreign files
@@ -204,7 +205,7 @@ class ImageFolderDataModule(L.LightningDataModule):
             self.predict_files.append(path)
         if not images:
             reasons = "; ".join(f"{path.name}: {why}" for path, why in self.predict_failures[:5]) or "it is empty"
-            raise FolderDataError(f"data.predict_dir: no image in {self.predict_dir} could be decoded ({reasons}).")
+            raise FolderDataError(f"data.predict_dir: no image in {folder} could be decoded ({reasons}).")
         self.splits["predict"] = InMemoryDataset(torch.stack(images), None)  # (N, C, S, S) uint8
 
     def _setup_splits(self) -> None:
@@ -212,7 +213,7 @@ class ImageFolderDataModule(L.LightningDataModule):
         folders = self._split_folders
         listed = {split: self._list(folder) for split, folder in folders.items()}
         in_memory = self._fits_in_memory(sum(len(f) for f, _ in listed.values()))
-        datasets: dict[str, Dataset] = {}
+        datasets: dict[str, Any] = {}  # InMemoryDataset or FileDataset per folder, then Subsets of one
         for split, (files, labels) in listed.items():
             if in_memory:
                 images, targets, _ = self._decode_all(files, labels)
@@ -244,7 +245,7 @@ class ImageFolderDataModule(L.LightningDataModule):
         where = "in memory" if in_memory else "read from disk per batch"
         rank_zero_info(f"{self.root}: {self.num_classes} classes ({', '.join(self.class_names)}); {sizes}; {where}.")
 
-    def _measure_normalisation(self, train: Dataset) -> None:
+    def _measure_normalisation(self, train: InMemoryDataset | FileDataset | Subset) -> None:
         """Per-channel mean and std of (up to 2000 of) the training images, as the network sees them (0-1)."""
         n = min(len(train), 2000)
         batch = torch.stack([train[i][0] for i in range(n)]).float().div(255)  # (n, C, S, S)
@@ -275,7 +276,7 @@ class ImageFolderDataModule(L.LightningDataModule):
     def predict_dataloader(self) -> DataLoader:
         # Decoded only now, after the Trainer restored the checkpoint's contract (which follows setup).
         if self.predict_dir is not None:
-            self._load_predict_dir()
+            self._load_predict_dir(self.predict_dir)
         return self._loader("predict")
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:

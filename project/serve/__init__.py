@@ -8,8 +8,8 @@ and every workaround of LitServe's internals, for the LitServe versions they wer
 """
 
 
-def main(argv: list[str] | None = None) -> object:
+def main(argv: list[str] | None = None) -> None:
     """Run the command: its heavy imports happen only now, once the command is known."""
     from project.serve.server import main as run
 
-    return run(argv)
+    run(argv)

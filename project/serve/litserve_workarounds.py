@@ -18,7 +18,7 @@ changes. What they fix (the figures are in docs/benchmarks.md):
 
 import time
 import warnings
-from typing import Any, Literal
+from typing import Any
 
 import litserve as ls
 import zmq
@@ -70,7 +70,7 @@ class ZMQAnswers(ZMQTransport):
         super().__init__(backend_address, frontend_address)
         self.consumers = consumers
 
-    def setup(self, operation: Literal[zmq.SUB, zmq.PUB], consumer_id: int | None = None) -> None:
+    def setup(self, operation: int, consumer_id: int | None = None) -> None:
         if operation == zmq.PUB:
             self._zmq = SubscribedProducer(self.backend_address, self.consumers)
         else:

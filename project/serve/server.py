@@ -81,6 +81,8 @@ def describe(ckpt_path: str | None = None, model_path: str | None = None) -> dic
         }
     import onnxruntime as ort
 
+    if model_path is None:
+        raise ValueError("give a checkpoint (--ckpt_path) or an ONNX file (--model) to serve.")
     path = Path(model_path)
     if not path.is_file():
         raise ValueError(f"--model {path}: no such file. Give an .onnx file written by `python -m project export`.")
@@ -320,10 +322,10 @@ def stop_on_signals() -> None:
         signal.signal(sig, handler)
     # uvicorn installs its own SIGINT and SIGTERM handlers in each HTTP server, whatever was there before; it reads
     # this module constant when it does (uvicorn 0.29 and later; 0.55 tested). SIGTERM only: SIGINT is for main.
-    uvicorn.server.HANDLED_SIGNALS = (signal.SIGTERM,)
+    uvicorn.server.HANDLED_SIGNALS = (signal.SIGTERM,)  # type: ignore[assignment]  # typed as the pair it replaces
 
 
-class DigitServer(server_base()):
+class DigitServer(server_base()):  # type: ignore[misc]  # the base is picked at import
     """LitServe's server (with ``project.serve.litserve_workarounds`` on the versions they were tested
     with), whose default no-authentication dependency runs in the event loop and whose inference workers
     ignore Ctrl-C."""

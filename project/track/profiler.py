@@ -45,6 +45,6 @@ class StepProfiler(PyTorchProfiler):
 
     def summary(self) -> str:
         text = super().summary()
-        if text and rank_zero_only.rank == 0:  # to fit-profile.txt, and the console: what a profiled run is for
+        if text and rank_zero_only.rank == 0:  # type: ignore[attr-defined]  # Lightning sets it at import  # to fit-profile.txt, and the console: what a profiled run is for
             print(text, flush=True)
         return text

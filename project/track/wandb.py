@@ -41,7 +41,12 @@ class WandbLogger(LightningWandbLogger):
     ) -> None:
         self.run_folder_given = save_dir is not None
         super().__init__(
-            mode=mode or default_mode(), project=project, save_dir=save_dir, name=name, log_model=log_model, **kwargs
+            mode=mode or default_mode(),
+            project=project,
+            save_dir=save_dir,  # type: ignore[arg-type]  # None: W&B's own folder until use_run_folder sets one
+            name=name,
+            log_model=log_model,
+            **kwargs,
         )
 
     def use_run_folder(self, folder: Path) -> None:

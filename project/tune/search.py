@@ -34,6 +34,7 @@ try:
     import optuna
     import psutil
     import sqlalchemy.exc
+    from optuna.storages.journal import JournalFileBackend
     from optuna_integration import PyTorchLightningPruningCallback
 except ImportError as exc:  # an optional extra
     raise ImportError("`tune` needs Optuna: pip install -e '.[tune]'") from exc
@@ -69,7 +70,12 @@ def load_search_space(path: str) -> dict[str, dict[str, Any]]:
                 raise SearchSpaceError(f"{where}: categorical needs a non-empty list of choices")
             continue
         low, high = spec.get("low"), spec.get("high")
-        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (low, high)):
+        if (
+            not isinstance(low, (int, float))
+            or not isinstance(high, (int, float))
+            or isinstance(low, bool)
+            or isinstance(high, bool)
+        ):
             raise SearchSpaceError(f"{where}: {spec['type']} needs numeric low and high (got {low!r}, {high!r})")
         if not low < high:
             raise SearchSpaceError(f"{where}: low ({low}) must be below high ({high})")
@@ -195,7 +201,7 @@ def live_trials(study: optuna.Study, storage: Any) -> int:
 def storage_for(url: str | None, root: Path, study: str, heartbeat: int) -> Any:
     """The Optuna storage: SQLite under ``root`` by default, ``journal:<file>``, or any RDB URL; with heartbeats."""
     if url is not None and url.startswith("journal:"):
-        backend = optuna.storages.journal.JournalFileBackend(url.removeprefix("journal:"))
+        backend = JournalFileBackend(url.removeprefix("journal:"))
         return optuna.storages.JournalStorage(backend)
     if url is None:
         root.mkdir(parents=True, exist_ok=True)

@@ -146,11 +146,13 @@ class SaveOnInterrupt(L.Callback):
         signal.signal(signal.SIGTERM, note)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
-        if trainer.strategy.reduce_boolean_decision(self._signalled, all=False):  # one process signalled: all stop
-            raise SIGTERMException
+        self._stop_together(trainer)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # A SIGTERM during the last validation has no next batch to stop at: it stops here.
+        self._stop_together(trainer)  # a SIGTERM during the last validation has no next batch to stop at
+
+    def _stop_together(self, trainer: L.Trainer) -> None:
+        """Every process raises SIGTERMException here if any one of them was signalled (all reach this point)."""
         if trainer.strategy.reduce_boolean_decision(self._signalled, all=False):
             raise SIGTERMException
 

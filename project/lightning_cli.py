@@ -189,6 +189,12 @@ def quiet_lightning() -> None:
         warnings.filterwarnings("ignore", message=r"The `srun` command is available on your system but is not used")
 
 
+def is_rank_zero() -> bool:
+    """Whether this process is global rank 0, as Lightning read it from the environment at import: known before a
+    Trainer's strategy is set up. (Lightning sets ``rank_zero_only.rank`` on the function; no type declares it.)"""
+    return rank_zero_only.rank == 0  # type: ignore[attr-defined]
+
+
 def resolve(class_path: str) -> type | None:
     """The class a config's ``class_path`` names, or None if it cannot be imported (jsonargparse will say why)."""
     module, _, name = class_path.rpartition(".")
@@ -341,8 +347,7 @@ class MNISTCLI(LightningCLI):
         """A command stopped by bad input leaves no folder for TensorBoard to list: the one it made (a config and
         an empty event file) goes, unless it holds a checkpoint."""
         folder = self._new_folder
-        rank0 = rank_zero_only.rank == 0  # type: ignore[attr-defined]  # Lightning sets it at import, from the env
-        if folder is not None and folder.is_dir() and rank0 and not any(folder.rglob("*.ckpt")):
+        if folder is not None and folder.is_dir() and is_rank_zero() and not any(folder.rglob("*.ckpt")):
             shutil.rmtree(folder, ignore_errors=True)
             if folder.parent.name == "eval" and not any(folder.parent.iterdir()):
                 folder.parent.rmdir()
@@ -570,8 +575,7 @@ class MNISTCLI(LightningCLI):
         # A logger beside TensorBoard that keeps files of its own (a tracker's offline run) may keep them in the run's
         # folder: once a command runs (not for a parse only), on the process that writes the run (rank 0).
         board = trainer.loggers[0] if trainer.loggers else None
-        rank0 = rank_zero_only.rank == 0  # type: ignore[attr-defined]  # Lightning sets it at import, from the env
-        keeps_files = self.subcommand is not None and rank0 and isinstance(board, TensorBoardLogger)
+        keeps_files = self.subcommand is not None and is_rank_zero() and isinstance(board, TensorBoardLogger)
         if keeps_files and board is not None and board.log_dir:
             for logger in trainer.loggers[1:]:
                 if callable(use := getattr(logger, "use_run_folder", None)):

@@ -2,7 +2,8 @@
 
 import torch
 from lightning.pytorch.profilers import PyTorchProfiler
-from lightning.pytorch.utilities import rank_zero_only
+
+from project.lightning_cli import is_rank_zero
 
 
 class StepProfiler(PyTorchProfiler):
@@ -45,6 +46,6 @@ class StepProfiler(PyTorchProfiler):
 
     def summary(self) -> str:
         text = super().summary()
-        if text and rank_zero_only.rank == 0:  # type: ignore[attr-defined]  # Lightning sets it at import  # to fit-profile.txt, and the console: what a profiled run is for
+        if text and is_rank_zero():  # to fit-profile.txt, and the console: what a profiled run is for
             print(text, flush=True)
         return text

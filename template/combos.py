@@ -41,6 +41,7 @@ WORDS = {
     # The core knows SLURM job IDs (job_identity) and docs/distributed.md shows an sbatch script: the feature is
     # its own scripts.
     "slurm": [r"scripts/slurm", r"\.sbatch\b", r"slurm\.md", r"local_cluster"],
+    "github": [r"\.github/", r"actionlint", r"check-jsonschema", r"github\.md", r"template-sync", r"GitHub Actions"],
 }
 # A feature that works with another may name it in its own files: serve answers for exported ONNX files (and
 # reads a folder-trained checkpoint's sizes).

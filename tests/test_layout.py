@@ -1,6 +1,7 @@
 """The package's layout: a core that imports no feature, features in places of their own, commands found, not listed."""
 
 import ast
+import re
 import shutil
 import subprocess
 import sys
@@ -75,3 +76,18 @@ def test_the_command_list_comes_from_the_features_present(tmp_path):
             [sys.executable, "-m", PACKAGE.name, feature], cwd=tmp_path, capture_output=True, text=True
         )
         assert gone.returncode == 2 and f"unknown command '{feature}'" in gone.stderr
+
+
+def test_the_pre_commit_hooks_run_the_linters_make_lint_runs_from_the_projects_own_environment():
+    """A hook that pins its own ruff or mypy drifts from requirements.lock, which CI runs: they are local hooks."""
+    import yaml
+
+    config = yaml.safe_load((ROOT / ".pre-commit-config.yaml").read_text())
+    remote = [hook["id"] for repo in config["repos"] if repo["repo"] != "local" for hook in repo["hooks"]]
+    local = {hook["id"]: hook for repo in config["repos"] if repo["repo"] == "local" for hook in repo["hooks"]}
+    make_lint = re.search(r"^lint:.*\n((?:\t.+\n)+)", (ROOT / "Makefile").read_text(), flags=re.M).group(1).split("\n")
+    tools = {" ".join(line.split()[:2]).removesuffix(" .") for line in make_lint if line.strip()}
+    assert tools == {"ruff check", "ruff format", "mypy"}
+    assert not any(name in hook for hook in remote for name in ("ruff", "mypy")), remote
+    hooked = {" ".join(h["entry"].split()[:2]) for h in local.values() if h["language"] == "system"}
+    assert tools <= hooked, f"make lint runs {sorted(tools)}; the local hooks run {sorted(hooked)}"

@@ -72,13 +72,14 @@ def stop(proc: subprocess.Popen) -> None:
     proc.wait(timeout=10)
 
 
-def post(url: str, body: bytes, content_type: str, timeout: float = 30) -> tuple[int, dict]:
+def post(url: str, body: bytes, content_type: str, timeout: float = 30, key: str | None = None) -> tuple[int, dict]:
     host, port = url.removeprefix("http://").split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    headers = {"Content-Type": content_type, **({"X-API-Key": key} if key is not None else {})}
     try:
         # A server may answer a too-large body (413) before reading all of it: its answer is still there to read.
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            conn.request("POST", "/predict", body, {"Content-Type": content_type})
+            conn.request("POST", "/predict", body, headers)
         response = conn.getresponse()
         return response.status, json.loads(response.read())
     finally:
@@ -229,13 +230,14 @@ def test_a_bad_request_in_a_batch_does_not_fail_the_good_ones(server, trained_ck
             assert torch.allclose(torch.tensor(answer["probs"]), reference[answer["file"]], atol=1e-5)
 
 
-def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+def scrape(url: str, key: str | None = None) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     """``GET /metrics``, parsed: {(sample name, sorted labels): value}.
 
     Parsed here, not with prometheus_client: imported into this process, it would keep an in-process ``serve`` (the
     fork test below, on the same pytest worker) from switching it to its multiprocess mode.
     """
-    with urllib.request.urlopen(f"{url}/metrics") as r:
+    request = urllib.request.Request(f"{url}/metrics", headers={"X-API-Key": key} if key else {})
+    with urllib.request.urlopen(request) as r:
         assert r.headers["Content-Type"].startswith("text/plain; version=")  # the exposition format
         text = r.read().decode()
     samples = {}
@@ -287,7 +289,7 @@ def test_the_page_is_one_self_contained_html_file(server):
     with urllib.request.urlopen(f"{server}/") as r:
         assert r.status == 200 and r.headers["Content-Type"].startswith("text/html")
         html = r.read().decode()
-    assert '<canvas id="pad"' in html and 'fetch("predict"' in html
+    assert '<canvas id="pad"' in html and 'call("predict"' in html
     # Nothing from another host: no absolute URL in any src, href, import or fetch (the server may run offline).
     assert not re.search(r"""(src|href|import|fetch)\s*[=(]\s*["']?(https?:)?//""", html), "an external resource"
 
@@ -570,7 +572,7 @@ def test_the_litserve_workarounds_apply_only_to_the_versions_they_were_tested_wi
         assert workarounds.server_base() is litserve.LitServer
 
 
-def test_no_thread_hop_per_request_and_an_api_key_is_still_checked(monkeypatch):
+def test_no_thread_hop_per_request_and_the_key_is_left_to_require_key_but_an_authorize_of_yours_is_kept(monkeypatch):
     import inspect
 
     import litserve.server
@@ -580,7 +582,87 @@ def test_no_thread_hop_per_request_and_an_api_key_is_still_checked(monkeypatch):
     server = DigitServer(DigitAPI({}))
     assert inspect.iscoroutinefunction(server.setup_auth())  # FastAPI runs it in the event loop, not a thread pool
     monkeypatch.setattr(litserve.server, "LIT_SERVER_API_KEY", "secret")
-    assert server.setup_auth() is litserve.server.api_key_auth  # LitServe's X-API-Key check, as without us
+    assert litserve.LitServer(DigitAPI({})).setup_auth() is litserve.server.api_key_auth  # LitServe's: /health too
+    assert inspect.iscoroutinefunction(server.setup_auth())  # ours: project.serve.auth.RequireKey checks the key
+
+    class Mine(DigitAPI):
+        def authorize(self) -> None:
+            pass
+
+    mine = Mine({})
+    assert DigitServer(mine).setup_auth(mine) == mine.authorize
+
+
+def test_require_key_refuses_without_the_key_401_or_with_a_wrong_one_403_and_leaves_health_open(monkeypatch, tmp_path):
+    import asyncio
+
+    import httpx
+    from fastapi import FastAPI
+
+    from project.serve.auth import RequireKey, read_key
+
+    app = FastAPI()
+    for route in ("/health", "/predict", "/metrics"):
+        app.add_api_route(route, lambda: {"ok": True}, methods=["GET"])
+    app.add_middleware(RequireKey, key="s3cret", open_paths=("/health",))
+
+    async def answers() -> dict[tuple[str, str | None], httpx.Response]:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://server") as client:
+            return {
+                (route, key): await client.get(route, headers={"X-API-Key": key} if key else {})
+                for route in ("/health", "/predict", "/metrics")
+                for key in (None, "wrong", "s3cret")
+            }
+
+    got = asyncio.run(answers())
+    assert [got[("/health", key)].status_code for key in (None, "wrong", "s3cret")] == [200, 200, 200]
+    for route in ("/predict", "/metrics"):
+        refused = got[(route, None)]
+        assert refused.status_code == 401 and "X-API-Key" in refused.json()["detail"]
+        assert refused.headers["WWW-Authenticate"] == "X-API-Key"
+        assert got[(route, "wrong")].status_code == 403
+        assert got[(route, "s3cret")].json() == {"ok": True}
+    # Where the key comes from: the file's first line, else LitServe's variable, else none.
+    monkeypatch.delenv("LIT_SERVER_API_KEY", raising=False)
+    assert read_key(None) is None
+    monkeypatch.setenv("LIT_SERVER_API_KEY", "from-env")
+    assert read_key(None) == "from-env"
+    (tmp_path / "key").write_text("  from-file \nsecond line\n")
+    assert read_key(str(tmp_path / "key")) == "from-file"
+
+
+@pytest.mark.parametrize(("content", "message"), [(None, "cannot read it"), ("\n\n", "the file is empty")])
+def test_a_key_file_that_holds_no_key_is_refused_by_name_before_anything_starts(tmp_path, capsys, content, message):
+    from project.serve.server import main
+
+    key_file = tmp_path / "key"
+    if content is not None:
+        key_file.write_text(content)
+    with pytest.raises(SystemExit) as exit_:
+        main([f"--ckpt_path={tmp_path / 'never-read.ckpt'}", f"--api_key_file={key_file}"])
+    assert exit_.value.code == 2 and f"--api_key_file {key_file}: {message}" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # a server of its own: ~10 s
+def test_with_an_api_key_only_health_and_the_page_answer_without_it_and_refusals_are_counted(trained_ckpt, tmp_path):
+    key_file = tmp_path / "key"
+    key_file.write_text("s3cret\n")
+    proc, url = start_server(f"--ckpt_path={trained_ckpt}", f"--api_key_file={key_file}")  # polls /health: no key
+    try:
+        assert status_of(f"{url}/") == 200  # the page, which asks for the key when /predict refuses it
+        for route in ("/info", "/metrics"):
+            assert status_of(f"{url}{route}") == 401
+        name, data = digit_files(1)[0]
+        assert post(url, *multipart(data, name))[0] == 401
+        assert post(url, *multipart(data, name), key="wrong")[0] == 403
+        status, answer = post(url, *multipart(data, name), key="s3cret")
+        assert status == 200 and answer["pred"] == int(expected(trained_ckpt, [(name, data)])[name].argmax())
+        counted = scrape(url, key="s3cret")
+        for code, n in (("401", 1), ("403", 1), ("200", 1)):
+            assert counted[("serve_requests_total", (("code", code), ("route", "/predict")))] == n
+        assert counted[("serve_requests_total", (("code", "401"), ("route", "/metrics")))] == 1
+    finally:
+        stop(proc)
 
 
 def test_the_http_servers_fork_with_the_objects_frozen(trained_ckpt, monkeypatch):

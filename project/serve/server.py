@@ -7,7 +7,8 @@ prepared images, waiting at most ``--batch_timeout`` seconds for the batch to fi
 batch).
 
 Routes: ``POST /predict`` (multipart ``file``, JSON ``{"image": "<base64>"}`` or the raw image bytes),
-``GET /health`` (200 while an inference worker answers: its model loaded, its heartbeat fresh),
+``GET /health`` (200 while an inference worker answers: its model loaded, its heartbeat fresh; open to anyone
+even with an API key, ``project.serve.auth``),
 ``GET /info`` (the model, checkpoint and classes served), ``GET /metrics`` (Prometheus:
 ``project.serve.metrics``) and ``GET /`` (a page to draw a digit on,
 ``project/serve/page.html``; ``--no-page`` leaves LitServe's own text there).
@@ -48,10 +49,11 @@ from project.serve.lifetime import AnswerWithin, Heartbeat, end_with_parent, for
 try:
     import litserve as ls
     import uvicorn.server
-    from litserve.server import no_auth
+    from litserve.server import api_key_auth, no_auth
 except ImportError as exc:  # an optional extra
     raise ImportError("`serve` needs LitServe: pip install -e '.[serve]'") from exc
 
+from project.serve.auth import RequireKey, read_key
 from project.serve.litserve_workarounds import server_base
 from project.serve.metrics import CountRequests, ModelLoadTime, metrics, metrics_folder, scrape
 from project.serve.page import page
@@ -327,15 +329,17 @@ def stop_on_signals() -> None:
 
 class DigitServer(server_base()):  # type: ignore[misc]  # the base is picked at import
     """LitServe's server (with ``project.serve.litserve_workarounds`` on the versions they were tested
-    with), whose default no-authentication dependency runs in the event loop and whose inference workers
-    ignore Ctrl-C."""
+    with), whose route dependencies leave API keys to ``project.serve.auth`` and run in the event loop,
+    and whose inference workers ignore Ctrl-C."""
 
     def setup_auth(self, lit_api: ls.LitAPI | None = None) -> Callable:
         auth = super().setup_auth(lit_api)
-        # LitServe's no-op is a plain function, so FastAPI runs it in a thread pool: a hand-off to a thread and
-        # back, per request, while the event loop holds the GIL. The same no-op as a coroutine runs in the loop.
-        # An API key (LIT_SERVER_API_KEY) or a LitAPI.authorize is kept as it is.
-        return allow_all if auth is no_auth else auth
+        # LitServe's key check (LIT_SERVER_API_KEY) would guard /health too and leave /metrics open:
+        # project.serve.auth.RequireKey checks the key instead. LitServe's no-op is a plain function,
+        # which FastAPI runs in a thread pool (a hand-off to a thread and back, per request, while the event
+        # loop holds the GIL); the same no-op as a coroutine runs in the loop. A LitAPI.authorize of yours is
+        # kept as it is.
+        return allow_all if auth in (no_auth, api_key_auth) else auth
 
     def launch_inference_worker(self, lit_api: ls.LitAPI) -> list:
         # Spawned with SIGINT ignored, which stays ignored across exec (Python then installs no KeyboardInterrupt
@@ -349,15 +353,17 @@ class DigitServer(server_base()):  # type: ignore[misc]  # the base is picked at
 
 def serve(args: argparse.Namespace) -> None:
     """Describe the model, start LitServe and block until SIGTERM or Ctrl-C."""
+    key = read_key(args.api_key_file)
     served = describe(args.ckpt_path, args.model)
     with metrics_folder():  # before anything imports prometheus_client: see project.serve.metrics
         metrics()  # made here, so that each HTTP server forks with it
-        run(args, served)
+        run(args, served, key)
     print("Server stopped.", flush=True)
 
 
-def run(args: argparse.Namespace, served: dict[str, Any]) -> None:
-    """Start LitServe on the described model and block until SIGTERM or Ctrl-C."""
+def run(args: argparse.Namespace, served: dict[str, Any], key: str | None = None) -> None:
+    """Start LitServe on the described model and block until SIGTERM or Ctrl-C; with ``key``, only callers that
+    send it get past ``/health`` and the page."""
     api = DigitAPI(served, args.threads, args.max_batch_size, args.batch_timeout, args.worker_nice)
     max_body_bytes = int(args.max_body_mb * 1024 * 1024)
     server = DigitServer(
@@ -380,7 +386,9 @@ def run(args: argparse.Namespace, served: dict[str, Any]) -> None:
     server.app.state.limits = {"max_body_bytes": max_body_bytes, "max_pixels": args.max_pixels}
     server.app.state.contract = served["input"]  # how an HTTP server prepares an image: as the checkpoint says
     server.app.add_middleware(AnswerWithin, seconds=args.timeout)
-    server.app.add_middleware(CountRequests)  # outermost: it counts AnswerWithin's 504s too
+    if key is not None:
+        server.app.add_middleware(RequireKey, key=key, open_paths=("/health", "/") if args.page else ("/health",))
+    server.app.add_middleware(CountRequests)  # outermost: it counts AnswerWithin's 504s and the key's 401/403 too
     server.app.add_route("/metrics", scrape, methods=["GET"])
     if args.page:  # in front of LitServe's own "/" (a "litserve running" text): Starlette takes the first match
         server.app.router.routes.insert(0, Route("/", page, methods=["GET"]))
@@ -389,7 +397,8 @@ def run(args: argparse.Namespace, served: dict[str, Any]) -> None:
     print(
         f"Serving the {what} on http://{args.host}:{args.port}: {'GET / (a page to draw on), ' if args.page else ''}"
         "POST /predict, GET /health, GET /info, GET /metrics "
-        f"(max_batch_size {args.max_batch_size}, batch_timeout {args.batch_timeout} s, {args.workers} worker(s)).",
+        f"(max_batch_size {args.max_batch_size}, batch_timeout {args.batch_timeout} s, {args.workers} worker(s))"
+        + ("; every route but /health and the page needs the API key (X-API-Key)." if key else "."),
         flush=True,
     )
     stop_on_signals()
@@ -462,6 +471,11 @@ def build_parser() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="GET / answers a page to draw a digit on (--no-page: an API-only server)",
+    )
+    parser.add_argument(
+        "--api_key_file",
+        help="a file whose first line is the key callers must send as X-API-Key (default: $LIT_SERVER_API_KEY; "
+        "unset: no key); /health and the page stay open",
     )
     parser.add_argument("--log_level", default="warning", help="uvicorn's: info also logs every request")
     return parser

@@ -42,6 +42,7 @@ WORDS = {
     # its own scripts.
     "slurm": [r"scripts/slurm", r"\.sbatch\b", r"slurm\.md", r"local_cluster"],
     "github": [r"\.github/", r"actionlint", r"check-jsonschema", r"github\.md", r"template-sync", r"GitHub Actions"],
+    "container": [r"containerfile", r"containerignore", r"\bpodman\b", r"mmdebstrap", r"container\.md"],
 }
 # A feature that works with another may name it in its own files: serve answers for exported ONNX files (and
 # reads a folder-trained checkpoint's sizes).

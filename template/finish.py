@@ -32,10 +32,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-FEATURES = ("serve", "tune", "export", "elastic", "folder", "track", "notebooks", "slurm", "github")
+FEATURES = ("serve", "tune", "export", "elastic", "folder", "track", "notebooks", "slurm", "github", "container")
 TEMPLATE_ONLY = "template"
 TEXT_SUFFIXES = {".py", ".yaml", ".yml", ".toml", ".md", ".ipynb", ".cfg", ".txt", ".lock", ".sh", ".html", ".sbatch"}
-TEXT_NAMES = {"Makefile", "run", ".gitignore"}  # run: .ci/run
+TEXT_NAMES = {"Makefile", "run", ".gitignore", "Containerfile", ".containerignore"}  # run: .ci/run
 SKIP_DIRS = {".git", ".venv", "venv", "logs", "data", "exports", "__pycache__", ".pytest_cache", ".ruff_cache"}
 TEMPLATE_NAME = "project"  # the package's name in the template
 

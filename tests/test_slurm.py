@@ -88,7 +88,8 @@ def interrupt_and_release(job: str, out: Path, last: Path, how: list[str], resta
     before = last.stat().st_mtime if last.exists() else 0.0
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
-        running = state(job) == "RUNNING" and f"(restart {restart})" in out.read_text()
+        # slurmd creates the output file when the batch script starts, which may come after RUNNING is reported
+        running = state(job) == "RUNNING" and out.exists() and f"(restart {restart})" in out.read_text()
         if running and last.exists() and last.stat().st_mtime > before:
             break
         time.sleep(0.2)

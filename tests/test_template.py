@@ -81,7 +81,7 @@ def test_one_feature_alone_keeps_its_places_and_names_no_other(feature, tmp_path
     copy = generate(tmp_path / PACKAGE, [feature])
     assert mentions(copy, [feature]) == []
     assert any(re.search(w, p.read_text(), flags=re.I) for w in WORDS[feature] for p in text_files(copy))
-    if feature not in ("notebooks", "slurm", "github"):
+    if feature not in ("notebooks", "slurm", "github", "container"):
         assert (copy / PACKAGE / feature / "__init__.py").is_file()
     assert (copy / "docs" / f"{feature}.md").is_file()
 

@@ -30,6 +30,7 @@ from lightning.pytorch.callbacks import (
     ModelCheckpoint,
     ModelPruning,
     ProgressBar,
+    WeightAveraging,
 )
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import TensorBoardLogger
@@ -111,6 +112,7 @@ NAMED_CALLBACKS: dict[str, type] = {
     "early_stopping": EarlyStopping,
     "pruning": ModelPruning,
     "lr_find": LearningRateFinder,
+    "averaging": WeightAveraging,
 }
 # Model arguments that change how the network runs, not what it is: a command-line value beats the checkpoint's.
 RUNTIME_MODEL_KEYS = ("compile", "channels_last")

@@ -1,4 +1,4 @@
-"""Weight averaging for the recipes: the ``averaging`` key (``configs/best.yaml``; ``--averaging null``: off).
+"""The ``averaging`` key: ``--averaging project.averaging.EMA`` averages the weights (``null``: off).
 
 ``EMA`` is Lightning's ``WeightAveraging`` with an exponential moving average of the weights (its
 ``EMAWeightAveraging``'s, with a warm-up), updated after every optimizer step, validated and checkpointed in place

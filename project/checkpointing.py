@@ -176,7 +176,7 @@ class SaveOnInterrupt(L.Callback):
         for checkpointing in trainer.checkpoint_callbacks:
             if isinstance(checkpointing, ModelCheckpoint):
                 forget_unwritten(checkpointing)
-        trainer.save_checkpoint(path)
+        trainer.save_checkpoint(path, weights_only=False)  # the whole state, to resume from
         rank_zero_info(
             f"\n{what}: stopped at epoch {trainer.current_epoch}, global step {trainer.global_step}. "
             f"Checkpoint saved to {path}.\n"

@@ -29,7 +29,8 @@ from tests.conftest import (
     free_port,  # [serve]
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("container")]  # one worker builds the images, once
+# heavy: left out of plain pytest, run apart (pytest -m heavy; .ci/run does). One worker builds the images, once.
+pytestmark = [pytest.mark.heavy, pytest.mark.slow, pytest.mark.xdist_group("container")]
 
 PODMAN = shutil.which("podman") or "podman"
 TARGETS = ["fit"]

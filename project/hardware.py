@@ -9,9 +9,8 @@ import torch
 NATIVE_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
-def cpu_flags() -> set[str]:
-    """The CPU feature flags of the first core, from ``/proc/cpuinfo``; empty where that file does not exist."""
-    cpuinfo = Path("/proc/cpuinfo")
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
+    """The CPU feature flags of the first core, from ``cpuinfo``; empty where that file does not exist."""
     if not cpuinfo.is_file():
         return set()
     for line in cpuinfo.read_text().splitlines():

@@ -55,7 +55,8 @@ def generate(destination: Path, features: list[str], package: str = PACKAGE, vcs
     from copier import run_copy
 
     data = {"package_name": package, "features": features}
-    run_copy(str(ROOT), destination, data=data, defaults=True, unsafe=True, vcs_ref=vcs_ref, quiet=True)
+    ref = vcs_ref if (ROOT / ".git").exists() else None  # a downloaded archive: the folder as it is
+    run_copy(str(ROOT), destination, data=data, defaults=True, unsafe=True, vcs_ref=ref, quiet=True)
     return destination
 
 

@@ -25,9 +25,23 @@ def test_native_bf16_decides_the_default_precision(monkeypatch, machine, flags, 
     assert hardware.recommended_precision("gpu") == "32-true"
 
 
-def test_cpu_flags_reads_this_machine():
+X86 = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512_bf16\n\nprocessor\t: 1\nflags\t\t: fpu sse2 other\n"
+ARM = "processor\t: 0\nFeatures\t: fp asimd bf16\nCPU implementer\t: 0x41\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "flags"), [(X86, {"fpu", "sse2", "avx2", "avx512_bf16"}), (ARM, {"fp", "asimd", "bf16"})]
+)
+def test_cpu_flags_are_the_first_cores_on_x86_and_arm(tmp_path, text, flags):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(text)
+    assert hardware.cpu_flags(cpuinfo) == flags
+    assert hardware.cpu_flags(tmp_path / "absent") == set()  # not Linux: no flags, no error
+
+
+def test_cpu_flags_of_this_machine_are_its_own():
+    if not Path("/proc/cpuinfo").is_file():
+        pytest.skip("no /proc/cpuinfo (not Linux)")
     flags = hardware.cpu_flags()
-    if Path("/proc/cpuinfo").is_file():  # Linux: every CPU reports some flags (fpu, sse2, neon, ...)
-        assert flags and all(isinstance(f, str) for f in flags)
-    else:
-        assert flags == set()
+    base = {"x86_64": "sse2", "aarch64": "fp"}.get(hardware.platform.machine())  # every CPU of the kind has it
+    assert base is None or base in flags, sorted(flags)

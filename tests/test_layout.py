@@ -25,20 +25,6 @@ def imported(path: Path) -> list[tuple[int, str]]:
     return [(line, name) for line, name in found if name.split(".")[0] == "project"]
 
 
-def test_the_features_are_the_expected_places():
-    # fmt: off
-    expected = [
-        "elastic",  # [elastic]
-        "export",  # [export]
-        "folder",  # [folder]
-        "serve",  # [serve]
-        "track",  # [track]
-        "tune",  # [tune]
-    ]
-    # fmt: on
-    assert expected == FEATURES
-
-
 def test_the_core_imports_no_feature():
     wrong = [
         f"{path.name}:{line} imports {name}"

@@ -501,6 +501,19 @@ def test_an_unsafe_checkpoint_is_refused_before_anything_starts(tmp_path, monkey
     assert list(tmp_path.iterdir()) == [evil]  # nothing written (LitServe would write a client.py)
 
 
+def test_the_workers_own_load_refuses_a_pickle_payload_too(trained_ckpt, tmp_path):
+    """Each worker loads the model again, after the server's check: that load is the safe one as well."""
+    import pickle
+
+    from project.serve.server import load_predictor
+    from tests.test_checkpointing import evil_checkpoint
+
+    evil, marker = evil_checkpoint(trained_ckpt, tmp_path)
+    with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
+        load_predictor({"kind": "torch", "path": str(evil), "input": None}, "cpu", 1)
+    assert not marker.exists()
+
+
 @pytest.mark.parametrize(
     ("option", "message"),
     [

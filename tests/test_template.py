@@ -14,15 +14,23 @@ from tests.conftest import ROOT
 copier = pytest.importorskip("copier", reason="copier is not installed: pip install -e '.[dev]'")
 sys.path.insert(0, str(ROOT / "template"))
 from combos import PACKAGE, WORDS, generate, mentions  # noqa: E402 (template/ is not a package)
-from finish import FEATURES, MarkerError, strip, text_files  # noqa: E402
+from finish import FEATURES, SKIP_DIRS, MarkerError, strip, text_files  # noqa: E402
 
 
-def tracked() -> list[Path]:
-    """The repository's text files that a copy starts from (the working tree, git's ignored files left out)."""
+def repository_files() -> list[Path]:
+    """Every file a copy starts from: git's tracked and untracked ones, its ignored files left out; in a tree that
+    is no git checkout (a downloaded archive), every file but the run outputs and environments."""
+    if not (ROOT / ".git").exists():
+        return [p for p in sorted(ROOT.rglob("*")) if p.is_file() and not SKIP_DIRS & set(p.relative_to(ROOT).parts)]
     listed = subprocess.run(
         ["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True, check=True
     ).stdout.split()
-    every = {ROOT / p for p in listed}
+    return [ROOT / p for p in listed if (ROOT / p).is_file()]
+
+
+def tracked() -> list[Path]:
+    """The repository's text files that a copy starts from."""
+    every = set(repository_files())
     return [p for p in text_files(ROOT) if p in every]
 
 
@@ -49,6 +57,17 @@ def test_no_python_file_holds_jinja():
     jinja = re.compile(r"\{%-?\s|\{\{\s*[A-Za-z_][\w.]*\s*(\||\}\})")  # tags, expressions, filters
     wrong = [p for p in tracked() if p.suffix == ".py" and jinja.search(p.read_text())]
     assert not wrong, f"Jinja syntax in Python files: {wrong}"
+
+
+def test_every_feature_folder_of_the_package_is_a_copier_choice_that_drops_it():
+    """A subpackage is a feature (its command listed, the core importing none of it) only where copier can drop it:
+    a folder of the template's own package without its `_exclude` line would reach every copy."""
+    folders = {p.parent.name for p in (ROOT / "project").glob("*/__init__.py")}
+    dropped = set(re.findall(r"not in features %\}project/(\w+)\{", (ROOT / "copier.yml").read_text()))
+    assert folders == dropped, (
+        f"folders {sorted(folders - dropped)} no copier choice drops; {sorted(dropped - folders)}"
+    )
+    assert folders <= set(FEATURES)
 
 
 @pytest.fixture(scope="module")
@@ -98,11 +117,10 @@ def test_copier_update_brings_a_template_change_and_keeps_the_users_edit(tmp_pat
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("GIT_COMMITTER_EMAIL", "t@x")
     template = tmp_path / "template"
-    for path in [ROOT / p for p in git("ls-files", "-co", "--exclude-standard", cwd=ROOT).split()]:
-        if path.is_file():
-            target = template / path.relative_to(ROOT)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(path.read_bytes())
+    for path in repository_files():
+        target = template / path.relative_to(ROOT)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(path.read_bytes())
     git("init", "-q", cwd=template)
     git("add", "-A", cwd=template)
     git("commit", "-qm", "the template", cwd=template)

@@ -38,7 +38,7 @@ tensorboard:  ## TensorBoard on the runs in logs/
 # >>> notebooks
 .PHONY: notebooks
 notebooks:  ## execute both notebooks (needs PATH_DATASETS)
-	$(PYTHON) -m pytest --nbmake notebooks/
+	$(PYTHON) -m pytest --nbmake -n 0 notebooks/  # in order: 02 inspects the checkpoint 01 trained
 # <<< notebooks
 
 benchmark:  ## the benchmark against the plain PyTorch loop (needs PATH_DATASETS); writes BENCHMARKS.md

@@ -1,11 +1,11 @@
 """What a checkpoint's model expects of an image, written into the checkpoint: one contract for every consumer.
 
-Each DataModule states it (``input_contract()``), the LightningModule writes it into every checkpoint
-(``checkpoint["input"]``), and everything that takes a raw image or a model out of training reads it from there:
-``predict --data.predict_dir``, and each feature that converts or answers with a model (docs/ names them). Nothing
-guesses it from a dataset's name. A DataModule of your own gets the same treatment by defining ``input_contract()``
-(and ``load_input_contract(contract)``, to prepare and normalise as a checkpoint's training did).
-"""
+Each DataModule states it (``input_contract()``, declared in ``project/hooks.py``), the LightningModule writes it
+into every checkpoint (``checkpoint["input"]``), and everything that takes a raw image or a model out of training
+reads it from there: ``predict --data.predict_dir``, and each feature that converts or answers with a model (docs/
+names them). Nothing guesses it from a dataset's name. A DataModule of your own gets the same treatment by defining
+``input_contract()`` (and ``load_input_contract(contract)``, to prepare and normalise as a checkpoint's training
+did)."""
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from project.checkpointing import CheckpointError
+from project.hooks import StatesInputContract, TakesInputContract
 from project.images import prepare_image, prepare_resized
 
 KEY = "input"  # checkpoint[KEY]: the contract as plain data, which the safe loader reads
@@ -134,8 +135,7 @@ def read_contract(checkpoint: dict[str, Any], path: str | Path) -> InputContract
 
 def stated_contract(datamodule: L.LightningDataModule | None) -> InputContract | None:
     """The contract ``datamodule`` states (``input_contract()``), or None if it states none."""
-    stating = getattr(datamodule, "input_contract", None)
-    return stating() if callable(stating) else None
+    return datamodule.input_contract() if isinstance(datamodule, StatesInputContract) else None
 
 
 def datamodule_of(trainer: L.Trainer) -> L.LightningDataModule | None:
@@ -160,6 +160,6 @@ def example_input(trainer: L.Trainer) -> Tensor | None:
 def restore_contract(trainer: L.Trainer, checkpoint: dict[str, Any]) -> None:
     """Hand a checkpoint's contract to the trainer's DataModule (``load_input_contract``), so that resuming, testing
     and predicting prepare and normalise images as the checkpoint's training did."""
-    taking = getattr(datamodule_of(trainer), "load_input_contract", None)
-    if callable(taking) and isinstance(checkpoint.get(KEY), dict):
-        taking(InputContract.from_dict(checkpoint[KEY]))
+    datamodule = datamodule_of(trainer)
+    if isinstance(datamodule, TakesInputContract) and isinstance(checkpoint.get(KEY), dict):
+        datamodule.load_input_contract(InputContract.from_dict(checkpoint[KEY]))

@@ -49,6 +49,7 @@ from project.checkpointing import (
 )
 from project.cli import UserError
 from project.hardware import cpu_has_native_bf16, recommended_precision
+from project.hooks import Finishes, LogsConfig, UsesRunFolder
 from project.inputs import stated_contract
 from project.module import MNISTClassifier
 from project.visuals import TensorBoardImages
@@ -152,11 +153,11 @@ class KeepingSaveConfigCallback(SaveConfigCallback):
         super().setup(trainer, pl_module, stage)
 
     def save_config(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        hooks = [hook for lg in trainer.loggers if callable(hook := getattr(lg, "log_config", None))]
-        if hooks:
+        loggers = [logger for logger in trainer.loggers if isinstance(logger, LogsConfig)]
+        if loggers:
             config = yaml.safe_load(self.parser.dump(self.config, skip_none=False))
-            for hook in hooks:
-                hook(config, Path(trainer.log_dir or ".") / self.config_filename)
+            for logger in loggers:
+                logger.log_config(config, Path(trainer.log_dir or ".") / self.config_filename)
 
 
 class LightningNoise(logging.Filter):
@@ -580,8 +581,8 @@ class MNISTCLI(LightningCLI):
         keeps_files = self.subcommand is not None and is_rank_zero() and isinstance(board, TensorBoardLogger)
         if keeps_files and board is not None and board.log_dir:
             for logger in trainer.loggers[1:]:
-                if callable(use := getattr(logger, "use_run_folder", None)):
-                    use(Path(board.log_dir))
+                if isinstance(logger, UsesRunFolder):
+                    logger.use_run_folder(Path(board.log_dir))
         return trainer
 
     def after_fit(self) -> None:
@@ -663,8 +664,8 @@ def run(
     except SIGTERMException:  # SaveOnInterrupt has saved a checkpoint and said where: exit without a traceback
         raise SystemExit(143) from None
     for logger in cli.trainer.loggers if subcommand else []:
-        if callable(finish := getattr(logger, "finish", None)):
-            finish()
+        if isinstance(logger, Finishes):
+            logger.finish()
     return cli
 
 

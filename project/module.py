@@ -13,6 +13,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from project.checkpointing import CheckpointError, load_checkpoint
 from project.cli import UserError
+from project.hooks import FollowsTrainer, Monitors, StepsEvery
 from project.inputs import example_input, restore_contract, save_contract
 from project.net import CNN
 
@@ -217,11 +218,11 @@ class MNISTClassifier(L.LightningModule):
         if self.scheduler is None:
             return optimizer
         scheduler = self.scheduler(optimizer)
-        if getattr(scheduler, "follows_trainer", False):
+        if isinstance(scheduler, FollowsTrainer) and scheduler.follows_trainer:
             # The horizon follows the run (max_epochs, limit_train_batches, accumulation, devices): one key to change.
-            scheduler.total_steps = int(self.trainer.estimated_stepping_batches)  # type: ignore[attr-defined]
-        config = {"scheduler": scheduler, "interval": getattr(scheduler, "interval", self.scheduler_interval)}
-        monitor = getattr(scheduler, "monitor", None)
-        if monitor is not None:
-            config["monitor"] = monitor
+            scheduler.total_steps = int(self.trainer.estimated_stepping_batches)
+        interval = scheduler.interval if isinstance(scheduler, StepsEvery) else self.scheduler_interval
+        config = {"scheduler": scheduler, "interval": interval}
+        if isinstance(scheduler, Monitors):
+            config["monitor"] = scheduler.monitor
         return {"optimizer": optimizer, "lr_scheduler": config}

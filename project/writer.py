@@ -11,6 +11,7 @@ import torch.distributed as dist
 from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.utilities import rank_zero_info
 
+from project.hooks import NamesPredictInputs
 from project.inputs import datamodule_of
 
 
@@ -61,7 +62,8 @@ class CSVPredictionWriter(BasePredictionWriter):
         probs = prediction["probs"].float().cpu()  # (B, C)
         preds = prediction["preds"].cpu()  # (B,)
         labels = batch[1].cpu().tolist() if isinstance(batch, (tuple, list)) else None
-        files = getattr(datamodule_of(trainer), "predict_files", None) or None
+        datamodule = datamodule_of(trainer)
+        files = datamodule.predict_files if isinstance(datamodule, NamesPredictInputs) else None
         indices = batch_indices if batch_indices is not None else [None] * len(preds)
         names = pl_module.hparams.get("class_names")
         for i, index in enumerate(indices):
@@ -86,7 +88,10 @@ class CSVPredictionWriter(BasePredictionWriter):
         if trainer.global_rank != 0:
             return
         rows.sort(key=lambda r: (r.get("index") is None, r.get("index") or 0, r.get("path", "")))
-        failures = getattr(datamodule_of(trainer), "predict_failures", None) or []
+        datamodule = datamodule_of(trainer)
+        failures: list[tuple[Path, str]] = []  # the files that could not be read, with why
+        if isinstance(datamodule, NamesPredictInputs):
+            failures = list(datamodule.predict_failures)
         rows += [{"path": str(path), "error": reason} for path, reason in failures]
         output = self.output
         if not output.is_absolute() and trainer.log_dir is not None:

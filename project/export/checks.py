@@ -15,6 +15,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Subset
 
 from project.data import DataError
+from project.hooks import TakesInputContract
 from project.inputs import InputContract
 from project.lightning_cli import resolve
 
@@ -88,9 +89,8 @@ def check_data(checkpoint: dict[str, Any], contract: InputContract, overrides: d
         datamodule.setup("test")
     except (DataError, OSError):  # the files are elsewhere: the fp32 checks run on random inputs
         return None
-    load = getattr(datamodule, "load_input_contract", None)
-    if callable(load):
-        load(contract)
+    if isinstance(datamodule, TakesInputContract):
+        datamodule.load_input_contract(contract)
     images, labels = normalized(datamodule.test_dataloader(), contract)
     described = f"{len(labels)} test images of {type(datamodule).__name__}"
     return CheckData(images, labels, described, datamodule, contract)

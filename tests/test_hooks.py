@@ -1,0 +1,75 @@
+"""The optional hooks of project/hooks.py: the template's own classes implement them, and what reads them finds a
+class of yours by the declared names alone (no base class), and works without them."""
+
+from pathlib import Path
+
+import torch
+from lightning.pytorch.cli import ReduceLROnPlateau
+from torch.optim.lr_scheduler import StepLR
+
+from project.data import MNISTDataModule
+from project.hooks import (
+    FollowsTrainer,
+    Monitors,
+    NamesPredictInputs,
+    StatesInputContract,
+    StepsEvery,
+    TakesInputContract,
+)
+from project.inputs import stated_contract
+from project.module import MNISTClassifier
+from project.schedules import WarmupCosineLR
+
+
+def test_the_templates_own_datamodule_and_schedulers_implement_the_declared_hooks():
+    data = MNISTDataModule()
+    for hook in (StatesInputContract, TakesInputContract, NamesPredictInputs):
+        assert isinstance(data, hook), hook.__name__
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    cosine = WarmupCosineLR(optimizer)
+    assert isinstance(cosine, StepsEvery) and isinstance(cosine, FollowsTrainer) and not isinstance(cosine, Monitors)
+    assert isinstance(ReduceLROnPlateau(optimizer, monitor="val/loss"), Monitors)
+    assert not isinstance(StepLR(optimizer, step_size=1), StepsEvery | Monitors | FollowsTrainer)
+
+
+class Contracted:
+    """A DataModule of your own, reduced to the one hook: no base class of the template's."""
+
+    def input_contract(self):
+        return MNISTDataModule().input_contract()
+
+
+def test_a_class_of_yours_is_found_by_the_hooks_name_and_one_without_it_states_nothing():
+    assert isinstance(Contracted(), StatesInputContract) and not isinstance(Contracted(), TakesInputContract)
+    assert stated_contract(Contracted()) == MNISTDataModule().input_contract()  # type: ignore[arg-type]
+    assert stated_contract(object()) is None  # type: ignore[arg-type]
+    assert stated_contract(None) is None
+
+
+class EveryStepOnAccuracy(StepLR):
+    """A scheduler of yours that names its own interval and the metric it follows."""
+
+    interval = "step"
+    monitor = "val/acc"
+
+
+def scheduler_config(scheduler, interval: str = "epoch") -> dict:
+    model = MNISTClassifier(scheduler=lambda optimizer: scheduler(optimizer), scheduler_interval=interval)
+    return model.configure_optimizers()["lr_scheduler"]
+
+
+def test_a_schedulers_own_interval_and_monitor_win_and_without_them_the_modules_setting_applies():
+    config = scheduler_config(lambda o: EveryStepOnAccuracy(o, step_size=1))
+    assert (config["interval"], config["monitor"]) == ("step", "val/acc")
+    config = scheduler_config(lambda o: StepLR(o, step_size=1), interval="step")
+    assert config["interval"] == "step" and "monitor" not in config
+    config = scheduler_config(lambda o: StepLR(o, step_size=1))
+    assert config["interval"] == "epoch"
+
+
+def test_predict_files_are_read_by_the_hook_from_any_object():
+    class Named:
+        predict_files = (Path("a.png"),)
+        predict_failures = ((Path("b.png"), "not an image"),)
+
+    assert isinstance(Named(), NamesPredictInputs) and not isinstance(Contracted(), NamesPredictInputs)

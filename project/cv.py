@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     taken = [a for a in fit_args if a.split("=", 1)[0] in ("--data.num_folds", "--data.fold", "--ckpt_path")]
     if taken:
         parser.error(f"{', '.join(taken)}: cv sets the folds and resumes its own folds; leave them out.")
-    from project.cli import UserError
+    from project.errors import UserError
     from project.lightning_cli import run
 
     folds = [f"--data.num_folds={args.folds}", "--test_after_fit=" + str(args.test).lower()]

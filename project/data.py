@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, Dataset, Subset, random_split
 from torchvision import transforms
 from torchvision.datasets import KMNIST, MNIST, FashionMNIST
 
-from project.cli import UserError
+from project.errors import UserError
 from project.images import load_folder
 from project.inputs import InputContract
 

@@ -47,7 +47,7 @@ from project.checkpointing import (
     last_checkpoints,
     load_checkpoint,
 )
-from project.cli import UserError
+from project.errors import UserError
 from project.hardware import cpu_has_native_bf16, recommended_precision
 from project.hooks import Finishes, LogsConfig, UsesRunFolder
 from project.inputs import stated_contract

@@ -12,7 +12,7 @@ from torchmetrics import MaxMetric, MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from project.checkpointing import CheckpointError, load_checkpoint
-from project.cli import UserError
+from project.errors import UserError
 from project.hooks import FollowsTrainer, Monitors, StepsEvery
 from project.inputs import example_input, restore_contract, save_contract
 from project.net import CNN

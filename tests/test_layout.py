@@ -25,6 +25,11 @@ def imported(path: Path) -> list[tuple[int, str]]:
     return [(line, name) for line, name in found if name.split(".")[0] == "project"]
 
 
+def test_user_error_and_the_hooks_import_nothing_of_the_package_so_any_module_can_import_them():
+    for name in ("errors.py", "hooks.py"):
+        assert [n for _, n in imported(PACKAGE / name) if n != "project.inputs"] == [], name  # hooks: a type only
+
+
 def test_the_core_imports_no_feature():
     wrong = [
         f"{path.name}:{line} imports {name}"

@@ -22,7 +22,8 @@ import yaml
 from torch import Tensor, nn
 
 from project.checkpointing import load_checkpoint
-from project.cli import HelpFormatter, UserError
+from project.cli import HelpFormatter
+from project.errors import UserError
 from project.export.checks import CheckData, check_data
 from project.export.quantize import quantize_dynamic_onnx, quantize_static_onnx
 from project.inputs import InputContract, read_contract

@@ -27,7 +27,8 @@ from typing import Any
 import lightning as L
 import yaml
 
-from project.cli import HelpFormatter, UserError
+from project.cli import HelpFormatter
+from project.errors import UserError
 from project.lightning_cli import nested
 
 try:

@@ -7,9 +7,9 @@ env. Every other command is a feature: a subpackage of ``project/`` with a ``mai
 the command is gone; add one and it is listed. Nothing heavy is imported before the command is known, so
 ``--help`` and a mistyped command answer at once instead of after seconds of torch and Lightning imports.
 
-The user-error policy is here too: a command raises ``UserError`` (``project/errors.py``) or a subclass for what
-the user can fix, with a message that names the file, key or value and the remedy; ``main`` prints it as one line
-and exits 1. Anything else is a bug and keeps its traceback.
+The user-error policy is here too: a command raises ``UserError`` (``errors.py``) or a subclass for what the user
+can fix, with a message that names the file, key or value and the remedy; ``main`` prints it as one line and exits
+1. Anything else is a bug and keeps its traceback.
 """
 
 import argparse

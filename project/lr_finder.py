@@ -6,10 +6,11 @@ from pathlib import Path
 import lightning as L
 import numpy as np
 from lightning.pytorch.callbacks import LearningRateFinder
-from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import _TunerExitException
 from PIL import Image, ImageDraw
+
+from project.visuals import tensorboard
 
 
 class LearningRateReport(LearningRateFinder):
@@ -63,10 +64,9 @@ class LearningRateReport(LearningRateFinder):
         Image.fromarray(image).save(folder / "lr_find.png")
         record = {"lr": lrs, "loss": losses, "suggestion": self.suggestion, "range": [self.min_lr, self.max_lr]}
         (folder / "lr_find.json").write_text(json.dumps(record) + "\n")
-        for logger in trainer.loggers:
-            if isinstance(logger, TensorBoardLogger):
-                logger.experiment.add_image("lr_find/loss_vs_lr", image, 0, dataformats="HWC")
-                logger.experiment.flush()
+        if (board := tensorboard(trainer)) is not None:
+            board.add_image("lr_find/loss_vs_lr", image, 0, dataformats="HWC")
+            board.flush()
         if self.suggestion is None:
             rank_zero_info(f"Learning-rate finder: no suggestion (too few finite losses); curve in {folder}.")
             return

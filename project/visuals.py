@@ -15,6 +15,12 @@ from torch import Tensor
 from torchmetrics.classification import MulticlassConfusionMatrix
 
 
+def tensorboard(trainer: L.Trainer) -> Any:
+    """The ``SummaryWriter`` of the trainer's first TensorBoardLogger (pictures and histograms go there), or None."""
+    board = next((logger for logger in trainer.loggers if isinstance(logger, TensorBoardLogger)), None)
+    return board.experiment if board is not None else None
+
+
 def to_uint8(images: Tensor) -> np.ndarray:
     """Images (B, C, H, W) of any scale → uint8 (B, H, W) for C = 1, (B, H, W, 3) for RGB, each image stretched to
     0-255 over all its channels (so an RGB image keeps its colours) for display."""
@@ -109,18 +115,11 @@ class TensorBoardImages(L.Callback):
         names = pl_module.hparams.get("class_names")  # the data's names of the classes, kept in the checkpoint
         self.names = [str(name) for name in names] if names and len(names) == n else [str(k) for k in range(n)]
 
-    @staticmethod
-    def _tensorboard(trainer: L.Trainer) -> Any:
-        for logger in trainer.loggers:
-            if isinstance(logger, TensorBoardLogger):
-                return logger.experiment
-        return None
-
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         if batch_idx == 0 and trainer.current_epoch == 0 and trainer.is_global_zero:
-            board = self._tensorboard(trainer)
+            board = tensorboard(trainer)
             if board is not None:
                 x, y = batch
                 grid = image_grid(to_uint8(x[: self.samples]), [self.names[int(v)] for v in y[: self.samples]])
@@ -163,7 +162,7 @@ class TensorBoardImages(L.Callback):
         if trainer.sanity_checking:
             return
         matrix = self.confusion.compute()  # reduced across ranks: every rank must call it
-        board = self._tensorboard(trainer)
+        board = tensorboard(trainer)
         if not trainer.is_global_zero or board is None:
             return
         step = trainer.global_step

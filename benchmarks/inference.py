@@ -19,9 +19,10 @@ from pathlib import Path
 
 import torch
 
-from project.data import MNISTDataModule, normalize
+from project.data import MNISTDataModule
 from project.export.convert import export
 from project.hardware import cpu_has_native_bf16
+from project.images import normalize
 from project.module import MNISTClassifier
 
 Predict = Callable[[torch.Tensor], torch.Tensor]  # normalised images (B, 1, 28, 28) -> logits (B, 10)
@@ -146,7 +147,7 @@ def main(argv: list[str] | None = None) -> str:
     torch.set_num_threads(args.threads)
     dm = MNISTDataModule(data_dir=args.data_dir)
     dm.setup("test")
-    x, y = normalize(dm.splits["test"].images, dm.mean, dm.std), dm.splits["test"].labels
+    x, y = normalize(dm.splits["test"].images.unsqueeze(1), (dm.mean,), (dm.std,)), dm.splits["test"].labels
     with tempfile.TemporaryDirectory() as tmp:
         variants, static_format = build(args.ckpt_path, args.data_dir, Path(tmp), args.threads)
         results: dict[str, list[dict[str, float]]] = {name: [] for name in variants}

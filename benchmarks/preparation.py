@@ -21,8 +21,8 @@ import torch
 from PIL import Image
 from run import machine
 
-from project.data import load_split, normalize
-from project.images import prepare_image
+from project.data import MEAN, STD, load_split
+from project.images import normalize, prepare_image
 from project.module import MNISTClassifier
 
 
@@ -59,7 +59,12 @@ def main() -> None:
 
     def predict(x: torch.Tensor) -> torch.Tensor:  # (N, 28, 28) uint8 -> (N,) classes
         with torch.inference_mode():
-            return torch.cat([model.predict_step(normalize(b), 0)["probs"].argmax(1) for b in x.split(500)])
+            return torch.cat(
+                [
+                    model.predict_step(normalize(b.unsqueeze(1), (MEAN,), (STD,)), 0)["probs"].argmax(1)
+                    for b in x.split(500)
+                ]
+            )
 
     rng = np.random.default_rng(0)
     ways: dict[str, Callable[[np.ndarray], bytes]] = {

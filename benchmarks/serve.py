@@ -131,12 +131,12 @@ def csv_predictions(ckpt: Path, folder: Path) -> dict[int, int]:
 # >>> export
 def onnx_predictions(model: Path, folder: Path) -> dict[int, int]:
     """The ONNX model's predictions of the PNG files, prepared as `serve` and `predict` prepare them."""
-    from project.data import normalize
+    from project.data import MEAN, STD
     from project.export.convert import run_onnx
-    from project.images import load_folder
+    from project.images import load_folder, normalize
 
     files, images, _ = load_folder(folder)
-    preds = run_onnx(model, normalize(images)).argmax(1)
+    preds = run_onnx(model, normalize(images.unsqueeze(1), (MEAN,), (STD,))).argmax(1)
     return {int(re.search(r"d(\d+)", p.name).group(1)): int(y) for p, y in zip(files, preds.tolist(), strict=True)}
 
 
@@ -268,8 +268,8 @@ def baseline_app(ckpt: str) -> Any:
     import torch
     from fastapi import FastAPI, File, UploadFile
 
-    from project.data import normalize
-    from project.images import prepare_image
+    from project.data import MEAN, STD
+    from project.images import normalize, prepare_image
     from project.module import MNISTClassifier
 
     torch.set_num_threads(1)
@@ -282,7 +282,7 @@ def baseline_app(ckpt: str) -> Any:
 
     @app.post("/predict")
     async def predict(file: UploadFile = File(...)) -> dict:  # noqa: B008 (FastAPI's documented form)
-        x = normalize(prepare_image(io.BytesIO(await file.read()))[None])
+        x = normalize(prepare_image(io.BytesIO(await file.read()))[None, None], (MEAN,), (STD,))
         with torch.inference_mode():
             probs = model.predict_step(x, 0)["probs"][0]
         pred = int(probs.argmax())

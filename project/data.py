@@ -19,7 +19,7 @@ from torchvision import transforms
 from torchvision.datasets import KMNIST, MNIST, FashionMNIST
 
 from project.errors import UserError
-from project.images import load_folder
+from project.images import load_folder, normalize
 from project.inputs import InputContract
 
 MEAN, STD = 0.1307, 0.3081
@@ -185,11 +185,6 @@ def keep_batch(batch: Any) -> Any:
     return batch
 
 
-def normalize(images: Tensor, mean: float = MEAN, std: float = STD) -> Tensor:
-    """uint8 images (B, H, W) → float (B, 1, H, W), with exactly the arithmetic of ToTensor + Normalize."""
-    return images.unsqueeze(1).float().div(255).sub(mean).div(std)
-
-
 def random_shift_rotate(
     x: Tensor, max_shift: float = 2.0, max_degrees: float = 10.0, background: float = -MEAN / STD
 ) -> Tensor:
@@ -278,7 +273,6 @@ class MNISTDataModule(L.LightningDataModule):
         # Set by setup("predict") with predict_dir: the image of each prediction, and the undecodable files.
         self.predict_files: list[Path] = []
         self.predict_failures: list[tuple[Path, str]] = []
-        self.transform = transforms.Compose([transforms.ToTensor(), transforms.Normalize((self.mean,), (self.std,))])
         self.splits: dict[str, Dataset] = {}
 
     @property
@@ -365,6 +359,11 @@ class MNISTDataModule(L.LightningDataModule):
         if stage in ("test", "predict"):
             self.splits["test"] = self._dataset(*load_split(self.raw_dir, "t10k"))
 
+    @property
+    def transform(self) -> transforms.Compose:
+        """The per-image path's torchvision transform (``in_memory=False``), with the current mean and std."""
+        return transforms.Compose([transforms.ToTensor(), transforms.Normalize((self.mean,), (self.std,))])
+
     def _dataset(self, images: Tensor, labels: Tensor | None) -> InMemoryDataset | PILImageDataset:
         return InMemoryDataset(images, labels) if self.in_memory else PILImageDataset(images, labels, self.transform)
 
@@ -410,13 +409,12 @@ class MNISTDataModule(L.LightningDataModule):
                 f"{contract.preparation} images, not MNIST digits: use the DataModule it was trained with."
             )
         self.mean, self.std = contract.mean[0], contract.std[0]
-        self.transform = transforms.Compose([transforms.ToTensor(), transforms.Normalize((self.mean,), (self.std,))])
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Normalise (and, when training with ``augment``, shift/rotate) in-memory batches on their device."""
         x, y = (batch, None) if isinstance(batch, Tensor) else batch
         if x.dtype == torch.uint8:
-            x = normalize(x, self.mean, self.std)
+            x = normalize(x.unsqueeze(1), (self.mean,), (self.std,))  # (B, H, W) -> (B, 1, H, W)
         if self.augment and self.trainer is not None and self.trainer.training:
             x = random_shift_rotate(x, background=-self.mean / self.std)
         return x if y is None else (x, y)

@@ -19,15 +19,6 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
     return set()
 
 
-# CPU flags for int8 dot products in hardware (VNNI): signed int8 (s8s8) matmuls run fast only with these.
-VNNI_CPU_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
-
-
-def cpu_has_vnni() -> bool:
-    """True when the CPU has int8 dot-product instructions (AVX-512 VNNI, AVX-VNNI or AMX-INT8)."""
-    return any(f in cpu_flags() for f in VNNI_CPU_FLAGS)
-
-
 def cpu_has_native_bf16() -> bool:
     """True when the CPU computes bfloat16 in hardware (AVX-512 BF16 or AMX on x86)."""
     return platform.machine().lower() in ("x86_64", "amd64") and any(f in cpu_flags() for f in NATIVE_BF16_CPU_FLAGS)

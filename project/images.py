@@ -6,7 +6,7 @@ image that already is such a digit as it is: prepared twice, a digit would drift
 """
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
@@ -209,3 +209,11 @@ def load_folder(folder: Path) -> tuple[list[Path], Tensor, list[tuple[Path, str]
             failed.append((path, str(exc)))
     stacked = torch.stack(images) if images else torch.zeros(0, 28, 28, dtype=torch.uint8)
     return decoded, stacked, failed
+
+
+def normalize(images: Tensor, mean: Sequence[float] | Tensor, std: Sequence[float] | Tensor) -> Tensor:
+    """uint8 pixels (B, C, H, W) -> float, scaled to 0-1, minus ``mean`` and divided by ``std`` per channel (C,):
+    the arithmetic of torchvision's ToTensor + Normalize, for training, ``predict``, export and serving alike."""
+    mean = torch.as_tensor(mean, dtype=torch.float32, device=images.device).view(1, -1, 1, 1)
+    std = torch.as_tensor(std, dtype=torch.float32, device=images.device).view(1, -1, 1, 1)
+    return (images.float().div(255) - mean) / std

@@ -7,7 +7,6 @@ names them). Nothing guesses it from a dataset's name. A DataModule of your own 
 ``input_contract()`` (and ``load_input_contract(contract)``, to prepare and normalise as a checkpoint's training
 did)."""
 
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
@@ -18,7 +17,7 @@ from torch import Tensor
 
 from project.checkpointing import CheckpointError
 from project.hooks import StatesInputContract, TakesInputContract
-from project.images import prepare_image, prepare_resized
+from project.images import normalize, prepare_image, prepare_resized
 
 KEY = "input"  # checkpoint[KEY]: the contract as plain data, which the safe loader reads
 Preparation = Literal["mnist_digit", "resize"]
@@ -104,14 +103,7 @@ class InputContract:
 
     def normalize(self, images: Tensor) -> Tensor:
         """uint8 pixels (B, C, S, S) -> the float images the network takes, channel by channel."""
-        return normalize_channels(images, self.mean, self.std)
-
-
-def normalize_channels(images: Tensor, mean: Sequence[float] | Tensor, std: Sequence[float] | Tensor) -> Tensor:
-    """uint8 pixels (B, C, H, W) -> float, scaled to 0-1, minus ``mean`` and divided by ``std`` per channel (C,)."""
-    mean = torch.as_tensor(mean, dtype=torch.float32, device=images.device).view(1, -1, 1, 1)
-    std = torch.as_tensor(std, dtype=torch.float32, device=images.device).view(1, -1, 1, 1)
-    return (images.float().div(255) - mean) / std
+        return normalize(images, self.mean, self.std)
 
 
 def read_contract(checkpoint: dict[str, Any], path: str | Path) -> InputContract:

@@ -119,28 +119,6 @@ NAMED_CALLBACKS: dict[str, type] = {
 RUNTIME_MODEL_KEYS = ("compile", "channels_last")
 
 
-def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-    """``{"a": {"b": 1}, "c": [2]}`` → ``{"a/b": 1, "c": "[2]"}``: a nested config as flat tracking parameters."""
-    if isinstance(tree, dict):
-        flat: dict[str, Any] = {}
-        for key, value in tree.items():
-            flat.update(flatten(value, f"{prefix}{key}/"))
-        return flat
-    return {prefix.rstrip("/"): tree if isinstance(tree, (int, float, str, bool)) or tree is None else str(tree)}
-
-
-def nested(values: dict[str, Any]) -> dict[str, Any]:
-    """``{"a.b.c": 1}`` -> ``{"a": {"b": {"c": 1}}}``: dotted keys as the YAML overlay ``fit --config`` reads."""
-    tree: dict[str, Any] = {}
-    for key, value in values.items():
-        node = tree
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    return tree
-
-
 class KeepingSaveConfigCallback(SaveConfigCallback):
     """Save the resolved config into the run folder; a resumed run keeps the old file and writes ``config-1.yaml``.
 

@@ -4,13 +4,13 @@ import json
 from pathlib import Path
 
 import lightning as L
+import numpy as np
 from lightning.pytorch.callbacks import LearningRateFinder
-from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import _TunerExitException
-from PIL import Image
+from PIL import Image, ImageDraw
 
-from project.visuals import line_plot
+from project.visuals import tensorboard
 
 
 class LearningRateReport(LearningRateFinder):
@@ -64,10 +64,9 @@ class LearningRateReport(LearningRateFinder):
         Image.fromarray(image).save(folder / "lr_find.png")
         record = {"lr": lrs, "loss": losses, "suggestion": self.suggestion, "range": [self.min_lr, self.max_lr]}
         (folder / "lr_find.json").write_text(json.dumps(record) + "\n")
-        for logger in trainer.loggers:
-            if isinstance(logger, TensorBoardLogger):
-                logger.experiment.add_image("lr_find/loss_vs_lr", image, 0, dataformats="HWC")
-                logger.experiment.flush()
+        if (board := tensorboard(trainer)) is not None:
+            board.add_image("lr_find/loss_vs_lr", image, 0, dataformats="HWC")
+            board.flush()
         if self.suggestion is None:
             rank_zero_info(f"Learning-rate finder: no suggestion (too few finite losses); curve in {folder}.")
             return
@@ -76,3 +75,51 @@ class LearningRateReport(LearningRateFinder):
             f"{self.max_lr:g}; curve in {folder / 'lr_find.png'}).\n"
             f"Train with it: python -m project fit --model.optimizer.init_args.lr {self.suggestion:.3g}"
         )
+
+
+def line_plot(
+    xs: list[float],
+    ys: list[float],
+    mark: float | None = None,
+    log_x: bool = True,
+    size: tuple[int, int] = (640, 400),
+    labels: tuple[str, str] = ("learning rate", "loss"),
+) -> np.ndarray:
+    """Draw ``ys`` against ``xs`` (log-scaled x by default) with axes, tick labels and an optional vertical marker at
+    x = ``mark``, as HWC uint8. Non-finite points are left out."""
+    points = [(x, y) for x, y in zip(xs, ys, strict=True) if np.isfinite(x) and np.isfinite(y) and (x > 0 or not log_x)]
+    width, height = size
+    left, right, top, bottom = 70, 20, 20, 40
+    canvas = Image.new("RGB", size, "white")
+    draw = ImageDraw.Draw(canvas)
+    if len(points) < 2:
+        draw.text((left, top), "not enough finite points to plot", fill="black")
+        return np.asarray(canvas)
+    tx = (lambda v: float(np.log10(v))) if log_x else float
+    x_lo, x_hi = tx(min(p[0] for p in points)), tx(max(p[0] for p in points))
+    y_lo, y_hi = min(p[1] for p in points), max(p[1] for p in points)
+    x_span, y_span = max(x_hi - x_lo, 1e-12), max(y_hi - y_lo, 1e-12)
+
+    def to_pixel(x: float, y: float) -> tuple[float, float]:
+        px = left + (tx(x) - x_lo) / x_span * (width - left - right)
+        py = top + (1 - (y - y_lo) / y_span) * (height - top - bottom)
+        return px, py
+
+    draw.rectangle((left, top, width - right, height - bottom), outline="black")
+    draw.text(
+        ((left + width - right) // 2 - 30, height - 16), labels[0] + (" (log scale)" if log_x else ""), fill="black"
+    )
+    draw.text((4, 4), labels[1], fill="black")
+    for i in range(5):  # tick labels: 5 along each axis
+        fx = x_lo + x_span * i / 4
+        px = left + (width - left - right) * i / 4
+        draw.text((px - 14, height - bottom + 6), f"{10**fx if log_x else fx:.0e}", fill="black")
+        fy = y_lo + y_span * i / 4
+        py = top + (height - top - bottom) * (1 - i / 4)
+        draw.text((4, py - 6), f"{fy:.3g}", fill="black")
+    draw.line([to_pixel(x, y) for x, y in points], fill=(30, 90, 200), width=2)
+    if mark is not None and mark > 0:
+        px, _ = to_pixel(mark, y_lo)
+        draw.line([(px, top), (px, height - bottom)], fill=(220, 40, 40), width=1)
+        draw.text((px + 4, top + 4), f"{mark:.2e}", fill=(220, 40, 40))
+    return np.asarray(canvas)

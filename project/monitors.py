@@ -5,8 +5,9 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import ThroughputMonitor
-from lightning.pytorch.loggers import TensorBoardLogger
 from torch import Tensor
+
+from project.visuals import tensorboard
 
 
 def batch_size(batch: Any) -> int:
@@ -37,7 +38,7 @@ class LayerHistograms(L.Callback):
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.is_global_zero:
             return
-        board = next((lg.experiment for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)), None)
+        board = tensorboard(trainer)
         step = trainer.global_step
         norms = {f"grad_norm/{name}": float(g.norm()) for name, g in self._grads.items()}
         if norms:

@@ -15,6 +15,12 @@ from torch import Tensor
 from torchmetrics.classification import MulticlassConfusionMatrix
 
 
+def tensorboard(trainer: L.Trainer) -> Any:
+    """The ``SummaryWriter`` of the trainer's first TensorBoardLogger (pictures and histograms go there), or None."""
+    board = next((logger for logger in trainer.loggers if isinstance(logger, TensorBoardLogger)), None)
+    return board.experiment if board is not None else None
+
+
 def to_uint8(images: Tensor) -> np.ndarray:
     """Images (B, C, H, W) of any scale → uint8 (B, H, W) for C = 1, (B, H, W, 3) for RGB, each image stretched to
     0-255 over all its channels (so an RGB image keeps its colours) for display."""
@@ -109,18 +115,11 @@ class TensorBoardImages(L.Callback):
         names = pl_module.hparams.get("class_names")  # the data's names of the classes, kept in the checkpoint
         self.names = [str(name) for name in names] if names and len(names) == n else [str(k) for k in range(n)]
 
-    @staticmethod
-    def _tensorboard(trainer: L.Trainer) -> Any:
-        for logger in trainer.loggers:
-            if isinstance(logger, TensorBoardLogger):
-                return logger.experiment
-        return None
-
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         if batch_idx == 0 and trainer.current_epoch == 0 and trainer.is_global_zero:
-            board = self._tensorboard(trainer)
+            board = tensorboard(trainer)
             if board is not None:
                 x, y = batch
                 grid = image_grid(to_uint8(x[: self.samples]), [self.names[int(v)] for v in y[: self.samples]])
@@ -163,7 +162,7 @@ class TensorBoardImages(L.Callback):
         if trainer.sanity_checking:
             return
         matrix = self.confusion.compute()  # reduced across ranks: every rank must call it
-        board = self._tensorboard(trainer)
+        board = tensorboard(trainer)
         if not trainer.is_global_zero or board is None:
             return
         step = trainer.global_step
@@ -176,51 +175,3 @@ class TensorBoardImages(L.Callback):
                 for t, p, q in zip(true.tolist(), pred.tolist(), p_true.tolist(), strict=True)
             ]
             board.add_image("val/worst_misclassified", image_grid(to_uint8(images), captions), step, dataformats="HWC")
-
-
-def line_plot(
-    xs: list[float],
-    ys: list[float],
-    mark: float | None = None,
-    log_x: bool = True,
-    size: tuple[int, int] = (640, 400),
-    labels: tuple[str, str] = ("learning rate", "loss"),
-) -> np.ndarray:
-    """Draw ``ys`` against ``xs`` (log-scaled x by default) with axes, tick labels and an optional vertical marker at
-    x = ``mark``, as HWC uint8. Non-finite points are left out."""
-    points = [(x, y) for x, y in zip(xs, ys, strict=True) if np.isfinite(x) and np.isfinite(y) and (x > 0 or not log_x)]
-    width, height = size
-    left, right, top, bottom = 70, 20, 20, 40
-    canvas = Image.new("RGB", size, "white")
-    draw = ImageDraw.Draw(canvas)
-    if len(points) < 2:
-        draw.text((left, top), "not enough finite points to plot", fill="black")
-        return np.asarray(canvas)
-    tx = (lambda v: float(np.log10(v))) if log_x else float
-    x_lo, x_hi = tx(min(p[0] for p in points)), tx(max(p[0] for p in points))
-    y_lo, y_hi = min(p[1] for p in points), max(p[1] for p in points)
-    x_span, y_span = max(x_hi - x_lo, 1e-12), max(y_hi - y_lo, 1e-12)
-
-    def to_pixel(x: float, y: float) -> tuple[float, float]:
-        px = left + (tx(x) - x_lo) / x_span * (width - left - right)
-        py = top + (1 - (y - y_lo) / y_span) * (height - top - bottom)
-        return px, py
-
-    draw.rectangle((left, top, width - right, height - bottom), outline="black")
-    draw.text(
-        ((left + width - right) // 2 - 30, height - 16), labels[0] + (" (log scale)" if log_x else ""), fill="black"
-    )
-    draw.text((4, 4), labels[1], fill="black")
-    for i in range(5):  # tick labels: 5 along each axis
-        fx = x_lo + x_span * i / 4
-        px = left + (width - left - right) * i / 4
-        draw.text((px - 14, height - bottom + 6), f"{10**fx if log_x else fx:.0e}", fill="black")
-        fy = y_lo + y_span * i / 4
-        py = top + (height - top - bottom) * (1 - i / 4)
-        draw.text((4, py - 6), f"{fy:.3g}", fill="black")
-    draw.line([to_pixel(x, y) for x, y in points], fill=(30, 90, 200), width=2)
-    if mark is not None and mark > 0:
-        px, _ = to_pixel(mark, y_lo)
-        draw.line([(px, top), (px, height - bottom)], fill=(220, 40, 40), width=1)
-        draw.text((px + 4, top + 4), f"{mark:.2e}", fill=(220, 40, 40))
-    return np.asarray(canvas)

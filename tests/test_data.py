@@ -91,12 +91,13 @@ def test_in_memory_loader_shards_under_distributed_sampler(mnist_dir):
 def test_augmentation_only_in_training(mnist_dir):
     from types import SimpleNamespace
 
-    from project.data import normalize, random_shift_rotate
+    from project.data import MEAN, STD, random_shift_rotate
+    from project.images import normalize
 
     torch.manual_seed(0)
     images = torch.zeros(8, 28, 28, dtype=torch.uint8)
     images[:, 10:18, 10:18] = 255
-    x = normalize(images)
+    x = normalize(images.unsqueeze(1), (MEAN,), (STD,))
     moved = random_shift_rotate(x)
     assert moved.shape == x.shape and not torch.equal(moved, x)
     # The background stays the background value; the digit keeps about its mass.

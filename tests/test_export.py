@@ -175,7 +175,8 @@ def test_all_layers_quantizes_the_first_convolution_too(checkpoint, mnist_dir, t
 
 
 def test_calibration_reads_training_images_only(checkpoint, mnist_dir):
-    from project.data import load_split, normalize
+    from project.data import MEAN, STD, load_split
+    from project.images import normalize
 
     images = check_set(checkpoint, mnist_dir).calibration(50)
     train, _ = load_split(mnist_dir / "MNIST" / "raw", "train")
@@ -183,8 +184,8 @@ def test_calibration_reads_training_images_only(checkpoint, mnist_dir):
     as_bytes = lambda t: {bytes(row.numpy()) for row in t}  # noqa: E731
     calibrated = as_bytes(images.reshape(len(images), -1))
     assert len(images) == 50
-    assert calibrated <= as_bytes(normalize(train).reshape(len(train), -1))
-    assert not calibrated & as_bytes(normalize(test).reshape(len(test), -1))
+    assert calibrated <= as_bytes(normalize(train.unsqueeze(1), (MEAN,), (STD,)).reshape(len(train), -1))
+    assert not calibrated & as_bytes(normalize(test.unsqueeze(1), (MEAN,), (STD,)).reshape(len(test), -1))
 
 
 def test_the_accuracy_guard_writes_nothing(checkpoint, mnist_dir, tmp_path):

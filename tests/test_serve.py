@@ -24,8 +24,8 @@ import pytest
 import torch
 from PIL import Image
 
-from project.data import normalize
-from project.images import prepare_image
+from project.data import MEAN, STD
+from project.images import normalize, prepare_image
 from project.module import MNISTClassifier
 from tests.conftest import ROOT, assert_help_shows_defaults, free_port, synthetic_digits
 
@@ -127,7 +127,7 @@ def digit_files(n: int) -> list[tuple[str, bytes]]:
 def expected(ckpt: Path, files: list[tuple[str, bytes]]) -> dict[str, torch.Tensor]:
     """The probabilities ``predict_step`` gives the same files, prepared by the code ``predict_dir`` uses."""
     model = MNISTClassifier.load_from_checkpoint(ckpt, map_location="cpu", weights_only=True).eval()
-    x = normalize(torch.stack([prepare_image(io.BytesIO(data)) for _, data in files]))
+    x = normalize(torch.stack([prepare_image(io.BytesIO(data)) for _, data in files]).unsqueeze(1), (MEAN,), (STD,))
     with torch.inference_mode():
         probs = model.predict_step(x, 0)["probs"]
     return {name: p for (name, _), p in zip(files, probs, strict=True)}

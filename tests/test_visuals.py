@@ -1,7 +1,6 @@
 """TensorBoard: a real server on 127.0.0.1 must list the scalars, the images and the hparams of a short run."""
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ import pytest
 import torch
 
 from project.visuals import confusion_image, image_grid, to_uint8
+from tests.conftest import free_port
 
 
 def test_drawings_have_the_expected_shapes():
@@ -27,12 +27,6 @@ def test_drawings_have_the_expected_shapes():
     assert cell(0, 0)[2] == 255 and cell(0, 0)[0] < 100
     assert cell(3, 5)[0] == 255 and cell(3, 5)[2] < 255
     assert tuple(cell(1, 2)) == (255, 255, 255)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def get(url: str, body: dict | None = None) -> dict:

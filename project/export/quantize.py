@@ -13,7 +13,15 @@ from typing import Any
 
 from torch import Tensor
 
-from project.hardware import cpu_has_vnni
+from project.hardware import cpu_flags
+
+# CPU flags for int8 dot products in hardware (VNNI): signed int8 (s8s8) matmuls run fast only with these.
+VNNI_CPU_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
+
+
+def cpu_has_vnni() -> bool:
+    """True when the CPU has int8 dot-product instructions (AVX-512 VNNI, AVX-VNNI or AMX-INT8)."""
+    return any(f in cpu_flags() for f in VNNI_CPU_FLAGS)
 
 
 def quantized_ops(path: Path) -> dict[str, int]:

@@ -10,8 +10,8 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from project.data import DataError, InMemoryDataset, check_folds, fold_indices, keep_batch, random_shift_rotate
-from project.images import IMAGE_SUFFIXES, list_files, prepare_resized
-from project.inputs import InputContract, normalize_channels
+from project.images import IMAGE_SUFFIXES, list_files, normalize, prepare_resized
+from project.inputs import InputContract
 
 
 class FolderDataError(DataError):
@@ -283,7 +283,7 @@ class ImageFolderDataModule(L.LightningDataModule):
         """uint8 (B, C, S, S) → normalised float on the batch's device; shifts/rotations when training with augment."""
         x, y = (batch, None) if isinstance(batch, Tensor) else batch  # predict_dir's images come without labels
         if x.dtype == torch.uint8:
-            x = normalize_channels(x, self.mean, self.std)
+            x = normalize(x, self.mean, self.std)
         if self.augment and self.trainer is not None and self.trainer.training:
             x = random_shift_rotate(x, background=float((-self.mean / self.std).mean()))
         return x if y is None else (x, y)

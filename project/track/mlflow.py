@@ -1,10 +1,19 @@
 """MLflow beside TensorBoard (``configs/mlflow.yaml``): Lightning's logger, given the run's whole config as well."""
 
 from pathlib import Path
+from typing import Any
 
 from lightning.pytorch.loggers import MLFlowLogger as LightningMLFlowLogger
 
-from project.lightning_cli import flatten
+
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}, "c": [2]}`` → ``{"a/b": 1, "c": "[2]"}``: a nested config as flat tracking parameters."""
+    if isinstance(tree, dict):
+        flat: dict[str, Any] = {}
+        for key, value in tree.items():
+            flat.update(flatten(value, f"{prefix}{key}/"))
+        return flat
+    return {prefix.rstrip("/"): tree if isinstance(tree, (int, float, str, bool)) or tree is None else str(tree)}
 
 
 class MLFlowLogger(LightningMLFlowLogger):

@@ -29,7 +29,6 @@ import yaml
 
 from project.cli import HelpFormatter
 from project.errors import UserError
-from project.lightning_cli import nested
 
 try:
     import optuna
@@ -43,6 +42,18 @@ except ImportError as exc:  # an optional extra
 TYPES = ("float", "int", "categorical")
 FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
 RUNNING = optuna.trial.TrialState.RUNNING
+
+
+def nested(values: dict[str, Any]) -> dict[str, Any]:
+    """``{"a.b.c": 1}`` -> ``{"a": {"b": {"c": 1}}}``: dotted keys as the YAML overlay ``fit --config`` reads."""
+    tree: dict[str, Any] = {}
+    for key, value in values.items():
+        node = tree
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return tree
 
 
 class SearchSpaceError(UserError, ValueError):

@@ -1,7 +1,7 @@
 """``UserError``: what the user can fix. It imports nothing of the package, so any module may raise it.
 
-``python -m project`` prints a ``UserError`` as one line, ``error: <message>``, and exits 1; anything else is a bug
-and keeps its traceback (``PROJECT_TRACEBACK=1`` shows the traceback of a ``UserError`` too).
+``python -m project`` prints a ``UserError`` as one line, ``error: <message>``, and exits 1; anything
+else is a bug and keeps its traceback (``PROJECT_TRACEBACK=1`` shows the traceback of a ``UserError`` too).
 """
 
 

@@ -1,6 +1,6 @@
 """What a checkpoint's model expects of an image, written into the checkpoint: one contract for every consumer.
 
-Each DataModule states it (``input_contract()``, declared in ``project/hooks.py``), the LightningModule writes it
+Each DataModule states it (``input_contract()``, declared in ``hooks.py``), the LightningModule writes it
 into every checkpoint (``checkpoint["input"]``), and everything that takes a raw image or a model out of training
 reads it from there: ``predict --data.predict_dir``, and each feature that converts or answers with a model (docs/
 names them). Nothing guesses it from a dataset's name. A DataModule of your own gets the same treatment by defining

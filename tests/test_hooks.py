@@ -1,5 +1,5 @@
-"""The optional hooks of project/hooks.py: the template's own classes implement them, and what reads them finds a
-class of yours by the declared names alone (no base class), and works without them."""
+"""The optional hooks of hooks.py: the template's own classes implement them, and what reads them finds a class
+of yours by the declared names alone (no base class), and works without them."""
 
 from pathlib import Path
 

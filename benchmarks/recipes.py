@@ -1,9 +1,11 @@
 """The recipe table: test accuracy of every shipped recipe over several seeds, with its fit and process times.
 
-    python benchmarks/recipes.py                          # seeds 7 8 9, every recipe; writes docs/recipes.md
-    python benchmarks/recipes.py --recipes fast fast-32 --seeds 1 2 3   # some recipes: prints the table only
+    python benchmarks/recipes.py                          # seeds 10 11 12, every recipe; writes docs/recipes.md
+    python benchmarks/recipes.py --recipes fast fast-32 --seeds 13 14 15   # some recipes: prints the table only
 
-The seeds default to 7, 8 and 9, which no recipe was tuned on (configs/fast.yaml was tuned on 1-6 and 42).
+The seeds default to 10, 11 and 12. A recipe's settings are chosen on seeds of their own (TUNED_ON), and the table
+is made on others: a seed a recipe was tuned on is refused, so the table's figures are what a new seed gets. Each
+recipe's promise (PROMISES) is checked on the table's seeds and the page says whether it held.
 
 Each run is a fresh process of its own running the `fit` command as `python -m project fit` runs it
 (imports, the fit, then `test_after_fit` on the best checkpoint, chosen on val/acc, never on test, and the
@@ -46,6 +48,18 @@ COMMANDS = {
     "best": "fit --config configs/best.yaml",
     "folder": "fit --config configs/folder.yaml --data.root <MNIST test digits as folders>",  # [folder]
 }
+# The seeds each recipe's settings were chosen on: the table is made on others (docs/recipes.md names these).
+TUNED_ON: dict[str, list[int]] = {
+    "fast": [1, 2, 3, 4, 5, 6, 7, 8, 9, 42],  # lr, label smoothing, widths, batch size, an EMA at one epoch
+    "best": [7, 8],  # an EMA of the weights (0.999) on best.yaml: 99.60% and 99.69% vs 99.68% and 99.65%, not kept
+}
+# What a recipe promises on seeds it was not tuned on: (test/acc of every seed >=, mean test/acc >=).
+PROMISES: dict[str, tuple[float, float | None]] = {
+    "fast": (0.9905, 0.9915),
+    "default": (0.9910, None),
+    "best": (0.9950, None),  # issue 43 asks 99.65% each and a 99.70% mean: not reached yet (docs/recipes.md)
+}
+FAST_RATIO = 0.40  # fast's whole process / the hand-written loop's one-epoch process, run beside it: at most this
 # The recipes of a feature: their lines of docs/recipes.md are marked, so a copy without it drops them; their notes.
 FEATURE_RECIPES: dict[str, str] = {}
 NOTES: dict[str, str] = {}
@@ -147,12 +161,25 @@ def baseline_epoch() -> float:
     return time.perf_counter() - started
 
 
+def verdict(accs: list[float], promise: tuple[float, float | None] | None) -> str:
+    """Whether ``accs`` (one per seed) keep ``promise`` (every seed >=, mean >=): the table's last column."""
+    if promise is None:
+        return "-"
+    least, mean = promise
+    missed = [f"min {min(accs):.4f} < {least:.4f}"] if min(accs) < least else []
+    if mean is not None and statistics.mean(accs) < mean:
+        missed.append(f"mean {statistics.mean(accs):.4f} < {mean:.4f}")
+    wanted = f"each >= {least:.4f}" + (f", mean >= {mean:.4f}" if mean is not None else "")
+    return f"missed ({'; '.join(missed)})" if missed else f"held ({wanted})"
+
+
 def table(results: dict[str, list[dict]], seeds: list[int], baseline: list[float]) -> str:
-    """One row per recipe: accuracy over the seeds (mean, min, max, each), epochs, medians of the times."""
+    """One row per recipe: accuracy over the seeds (mean, min, max, each), epochs, medians of the times, and
+    whether its promise held on these seeds."""
     rows = [
         "| recipe | precision | test/acc mean | min | max | per seed | epochs | fit (s) | start to first step (s) "
-        "| whole process (s) |",
-        "|---|---|---:|---:|---:|---|---:|---:|---:|---:|",
+        "| whole process (s) | promise |",
+        "|---|---|---:|---:|---:|---|---:|---:|---:|---:|---|",
     ]
     for name, rs in results.items():
         accs = [r["test_acc"] for r in rs]
@@ -161,16 +188,18 @@ def table(results: dict[str, list[dict]], seeds: list[int], baseline: list[float
         row = (
             f"| `{name}` | {rs[0]['precision']} | {statistics.mean(accs):.4f} | {min(accs):.4f} | {max(accs):.4f} "
             f"| {', '.join(f'{a:.4f}' for a in accs)} | {'-'.join(map(str, epochs))} | {med['fit_s']:.1f} "
-            f"| {med['first_step_s']:.1f} | {med['process_s']:.1f} |"
+            f"| {med['first_step_s']:.1f} | {med['process_s']:.1f} | {verdict(accs, PROMISES.get(name))} |"
         )
         rows.append(marked(row, name))
     if baseline and "fast" in results:
         ratios = [r["process_s"] / b for r, b in zip(results["fast"], baseline, strict=True)]
+        ratio = statistics.median(ratios)
+        held = "held" if ratio <= FAST_RATIO else "missed"
         rows += [
             "",
             f"Hand-written loop, one whole epoch, whole process: median {statistics.median(baseline):.1f} s "
             f"({', '.join(f'{b:.1f}' for b in baseline)}); `fast` whole process / that, run beside it: median "
-            f"**{statistics.median(ratios):.2f}** ({', '.join(f'{x:.2f}' for x in ratios)}; the promise: <= 0.40).",
+            f"**{ratio:.2f}** ({', '.join(f'{x:.2f}' for x in ratios)}; the promise, <= {FAST_RATIO:.2f}: {held}).",
         ]
     rows += ["", f"Seeds (`--seed_everything`): {', '.join(map(str, seeds))}, in this order for every recipe."]
     return "\n".join(rows)
@@ -182,6 +211,11 @@ def page(report: str) -> str:
         marked(f"- `{name}`: `python -m project {command}`", name) for name, command in COMMANDS.items()
     )
     notes = "".join(marked(note, name) + "\n\n" for name, note in NOTES.items())
+    promised = "; ".join(
+        f"`{name}` every seed >= {least:.2%}" + (f" and the mean >= {mean:.2%}" if mean is not None else "")
+        for name, (least, mean) in PROMISES.items()
+    )
+    tuned = "; ".join(f"`{name}` {', '.join(map(str, seeds))}" for name, seeds in TUNED_ON.items())
     return (
         "# Recipes over seeds\n\n"
         "Each shipped recipe trained from scratch on the real MNIST with several seeds; test accuracy of the "
@@ -192,10 +226,9 @@ def page(report: str) -> str:
         "Times are medians over the seeds. *Whole process* is the wall time of the fresh process: imports, data, "
         "fit, then test of the best checkpoint, and its exit; *start to first step* is the part of it before the "
         "first training step. Compare ratios, not absolute times, across machines.\n\n"
-        "What the recipes promise, on every seed: `configs/fast.yaml` >= 99.0% (and >= 99.1% on average) in one "
-        "epoch, its whole process at most 0.4x the hand-written loop's one-epoch process; `configs/default.yaml` "
-        ">= 99.1%; `configs/best.yaml` >= 99.5%. No recipe's settings were chosen on "
-        "the seeds here (`configs/fast.yaml` was chosen on seeds 1-6 and 42).\n\n"
+        f"What the recipes promise on a seed they were not tuned on (the table's last column says whether it held "
+        f"here): {promised}; `fast` in one epoch, its whole process at most {FAST_RATIO}x the hand-written loop's "
+        f"one-epoch process. The seeds each recipe was tuned on, none of them in the table: {tuned}.\n\n"
         f"{notes}"
         f"Commands (each with `--seed_everything S`):\n\n{commands}\n"
     )
@@ -204,7 +237,7 @@ def page(report: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--recipes", nargs="+", choices=list(RECIPES), default=list(RECIPES), help="which recipes")
-    parser.add_argument("--seeds", nargs="+", type=int, default=[7, 8, 9], help="seed_everything of each round")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[10, 11, 12], help="seed_everything of each round")
     parser.add_argument("--output", default=str(ROOT / "docs" / "recipes.md"), help="the page the table goes to")
     parser.add_argument("--child", help=argparse.SUPPRESS)  # internal: run one fit, write its JSON here
     parser.add_argument("--started", type=float, help=argparse.SUPPRESS)  # internal: when the parent launched it
@@ -219,6 +252,11 @@ def main() -> None:
     if len(args.seeds) < 3:
         raise SystemExit(
             f"--seeds: {args.seeds} holds {len(args.seeds)} seed(s); a promise over seeds needs 3 or more."
+        )
+    if seen := sorted({s for name in args.recipes for s in TUNED_ON.get(name, []) if s in args.seeds}):
+        raise SystemExit(
+            f"--seeds: {', '.join(map(str, seen))} tuned a recipe run here (TUNED_ON): its figures would flatter it. "
+            "Give seeds no recipe was tuned on."
         )
     full = args.recipes == list(RECIPES)
     results: dict[str, list[dict]] = {name: [] for name in args.recipes}

@@ -61,4 +61,17 @@ def test_the_table_gives_mean_min_max_per_seed_and_the_ratio_to_the_loop(recipes
     row = next(line for line in table.splitlines() if line.startswith("| `fast`"))
     assert "| 32-true | 0.9912 | 0.9904 | 0.9922 | 0.9910, 0.9904, 0.9922 | 1 | 6.0 | 5.0 | 13.0 |" in row
     assert "median **0.40** (0.30, 0.50, 0.40" in table  # each fast run over the loop run beside it
+    assert "the promise, <= 0.40: held" in table
+    assert row.endswith("| missed (min 0.9904 < 0.9905; mean 0.9912 < 0.9915) |")  # fast: each >= 99.05, mean 99.15
     assert "Seeds (`--seed_everything`): 7, 8, 9" in table
+    kept = recipes.table({"fast": [run(0.9920, 12.0), run(0.9906, 12.0), run(0.9921, 12.0)]}, [1, 2, 3], [])
+    assert "| held (each >= 0.9905, mean >= 0.9915) |" in kept
+
+
+def test_a_seed_a_recipe_was_tuned_on_is_refused_before_anything_runs(recipes, monkeypatch):
+    monkeypatch.setenv("PATH_DATASETS", "unused")
+    tuned = recipes.TUNED_ON["fast"][0]
+    monkeypatch.setattr(sys, "argv", ["recipes.py", "--recipes", "fast", "--seeds", str(tuned), "100", "101"])
+    monkeypatch.setattr(recipes, "run_recipe", lambda argv: pytest.fail(f"ran {argv}"))
+    with pytest.raises(SystemExit, match=rf"--seeds: {tuned} tuned a recipe run here"):
+        recipes.main()

@@ -96,54 +96,9 @@ class MNISTClassifier(L.LightningModule):
         """Return logits (B, num_classes) for normalised images (B, C, H, W)."""
         return self.net(x)
 
-    def setup(self, stage: str) -> None:
-        if stage == "fit" and not self.compile_net:
-            # The model summary runs it: FLOPs and each layer's in/out sizes instead of "Total FLOPs: 0". Not for
-            # a compiled net, which would compile once more for a batch of one.
-            self.example_input_array = example_input(self.trainer)
-        resuming = self.trainer.ckpt_path is not None  # setup runs attached to a Trainer
-        if stage == "fit" and self.init_from and not resuming:
-            # The safe loader: a checkpoint that carries code is refused, as everywhere else.
-            state = load_checkpoint(self.init_from)["state_dict"]
-            try:
-                self.load_state_dict(state)
-            except RuntimeError as exc:
-                raise CheckpointError(
-                    f"model.init_from {self.init_from}: its weights do not fit this network ({str(exc).splitlines()[0]}"
-                    "). Use the same model.net settings as the run that wrote it."
-                ) from exc
-            rank_zero_info(f"Starting from the weights of {self.init_from} (a new run: fresh optimizer and schedule).")
-
-    def configure_model(self) -> None:
-        if self.compile_net:
-            # In place: unlike `torch.compile(net)` this adds no `_orig_mod.` prefix to the state dict.
-            self.net.compile()
-
     def on_train_start(self) -> None:
         # The sanity-check validation run must not count towards the best accuracy.
         self.val_acc_best.reset()
-
-    def _shared_step(self, batch: Batch, stage: str) -> tuple[Tensor, Tensor]:
-        """Loss and logits (B, C) of one batch, added to the stage's epoch loss and accuracy."""
-        x, y = batch
-        logits = self(x)
-        loss = (self.train_loss_fn if stage == "train" else self.loss_fn)(logits, y)
-        if stage == "train" and not torch.isfinite(loss):
-            raise NonFiniteLoss(
-                f"train/loss is {loss.item()} at global step {self.trainer.global_step} (epoch "
-                f"{self.current_epoch}, batch {self.trainer.fit_loop.epoch_loop.batch_idx}). Likely causes: a "
-                "learning rate too high (model.optimizer.init_args.lr), no gradient clipping "
-                "(trainer.gradient_clip_val), or bad input data (NaN/inf pixels or labels out of range). "
-                "Training stopped; no checkpoint was written for this step."
-            )
-        getattr(self, f"{stage}_loss").update(loss.detach(), weight=len(y))  # weighted: the last batch is smaller
-        getattr(self, f"{stage}_acc").update(logits, y)
-        return loss, logits
-
-    def _log_epoch(self, stage: str) -> None:
-        # Lightning computes logged Metric objects (synced across DDP ranks) at the end of the epoch, then resets them.
-        self.log(f"{stage}/loss", getattr(self, f"{stage}_loss"), prog_bar=True)
-        self.log(f"{stage}/acc", getattr(self, f"{stage}_acc"), prog_bar=True)
 
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
         loss = self._shared_step(batch, "train")[0]
@@ -179,6 +134,48 @@ class MNISTClassifier(L.LightningModule):
         probs = self(x).float().softmax(dim=-1)
         return {"preds": probs.argmax(dim=-1), "probs": probs}
 
+    def configure_optimizers(self) -> Any:
+        params = self.parameters()
+        optimizer: torch.optim.Optimizer
+        if self.optimizer is None:
+            optimizer = torch.optim.AdamW(params, lr=1e-3, weight_decay=1e-4)
+        else:
+            optimizer = self.optimizer(params)
+        if self.scheduler is None:
+            return optimizer
+        scheduler = self.scheduler(optimizer)
+        if isinstance(scheduler, FollowsTrainer) and scheduler.follows_trainer:
+            # The horizon follows the run (max_epochs, limit_train_batches, accumulation, devices): one key to change.
+            scheduler.total_steps = int(self.trainer.estimated_stepping_batches)
+        interval = scheduler.interval if isinstance(scheduler, StepsEvery) else self.scheduler_interval
+        config = {"scheduler": scheduler, "interval": interval}
+        if isinstance(scheduler, Monitors):
+            config["monitor"] = scheduler.monitor
+        return {"optimizer": optimizer, "lr_scheduler": config}
+
+    def setup(self, stage: str) -> None:
+        if stage == "fit" and not self.compile_net:
+            # The model summary runs it: FLOPs and each layer's in/out sizes instead of "Total FLOPs: 0". Not for
+            # a compiled net, which would compile once more for a batch of one.
+            self.example_input_array = example_input(self.trainer)
+        resuming = self.trainer.ckpt_path is not None  # setup runs attached to a Trainer
+        if stage == "fit" and self.init_from and not resuming:
+            # The safe loader: a checkpoint that carries code is refused, as everywhere else.
+            state = load_checkpoint(self.init_from)["state_dict"]
+            try:
+                self.load_state_dict(state)
+            except RuntimeError as exc:
+                raise CheckpointError(
+                    f"model.init_from {self.init_from}: its weights do not fit this network ({str(exc).splitlines()[0]}"
+                    "). Use the same model.net settings as the run that wrote it."
+                ) from exc
+            rank_zero_info(f"Starting from the weights of {self.init_from} (a new run: fresh optimizer and schedule).")
+
+    def configure_model(self) -> None:
+        if self.compile_net:
+            # In place: unlike `torch.compile(net)` this adds no `_orig_mod.` prefix to the state dict.
+            self.net.compile()
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # Lightning does not keep RNG states; without them a resumed run draws other shuffles and augmentations.
         checkpoint["rng_states"] = {"torch": torch.get_rng_state()}
@@ -201,28 +198,31 @@ class MNISTClassifier(L.LightningModule):
         if "cuda" in states and torch.cuda.is_available() and len(states["cuda"]) == torch.cuda.device_count():
             torch.cuda.set_rng_state_all(states["cuda"])
 
+    def _shared_step(self, batch: Batch, stage: str) -> tuple[Tensor, Tensor]:
+        """Loss and logits (B, C) of one batch, added to the stage's epoch loss and accuracy."""
+        x, y = batch
+        logits = self(x)
+        loss = (self.train_loss_fn if stage == "train" else self.loss_fn)(logits, y)
+        if stage == "train" and not torch.isfinite(loss):
+            raise NonFiniteLoss(
+                f"train/loss is {loss.item()} at global step {self.trainer.global_step} (epoch "
+                f"{self.current_epoch}, batch {self.trainer.fit_loop.epoch_loop.batch_idx}). Likely causes: a "
+                "learning rate too high (model.optimizer.init_args.lr), no gradient clipping "
+                "(trainer.gradient_clip_val), or bad input data (NaN/inf pixels or labels out of range). "
+                "Training stopped; no checkpoint was written for this step."
+            )
+        getattr(self, f"{stage}_loss").update(loss.detach(), weight=len(y))  # weighted: the last batch is smaller
+        getattr(self, f"{stage}_acc").update(logits, y)
+        return loss, logits
+
+    def _log_epoch(self, stage: str) -> None:
+        # Lightning computes logged Metric objects (synced across DDP ranks) at the end of the epoch, then resets them.
+        self.log(f"{stage}/loss", getattr(self, f"{stage}_loss"), prog_bar=True)
+        self.log(f"{stage}/acc", getattr(self, f"{stage}_acc"), prog_bar=True)
+
     def attached_trainer(self) -> L.Trainer | None:
         """The Trainer this module runs in, or None (``load_from_checkpoint`` for inference)."""
         try:
             return self.trainer
         except RuntimeError:  # Lightning's "is not attached to a `Trainer`"
             return None
-
-    def configure_optimizers(self) -> Any:
-        params = self.parameters()
-        optimizer: torch.optim.Optimizer
-        if self.optimizer is None:
-            optimizer = torch.optim.AdamW(params, lr=1e-3, weight_decay=1e-4)
-        else:
-            optimizer = self.optimizer(params)
-        if self.scheduler is None:
-            return optimizer
-        scheduler = self.scheduler(optimizer)
-        if isinstance(scheduler, FollowsTrainer) and scheduler.follows_trainer:
-            # The horizon follows the run (max_epochs, limit_train_batches, accumulation, devices): one key to change.
-            scheduler.total_steps = int(self.trainer.estimated_stepping_batches)
-        interval = scheduler.interval if isinstance(scheduler, StepsEvery) else self.scheduler_interval
-        config = {"scheduler": scheduler, "interval": interval}
-        if isinstance(scheduler, Monitors):
-            config["monitor"] = scheduler.monitor
-        return {"optimizer": optimizer, "lr_scheduler": config}

@@ -25,6 +25,7 @@ import lightning as L
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from project.cli import HelpFormatter
+from project.writer import numbered
 
 # What a fold reports: its best epoch's validation metrics, and the test metric of its best checkpoint.
 VAL_ACC, VAL_LOSS, TEST_ACC = "val/acc", "val/loss", "test/acc"
@@ -64,14 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cv_folder(root: Path, command: dict[str, Any]) -> Path:
     """The unfinished ``root/cv_<n>`` this same command started (to continue it), else the next free ``cv_<n>``."""
-    n = 0
-    while (root / f"cv_{n}").exists():
-        folder = root / f"cv_{n}"
+
+    def unfinished(folder: Path) -> bool:
         started = folder / "cv.json"
-        if started.is_file() and json.loads(started.read_text()) == command and not (folder / "summary.json").exists():
-            return folder
-        n += 1
-    return root / f"cv_{n}"
+        same = started.is_file() and json.loads(started.read_text()) == command
+        return same and not (folder / "summary.json").exists()
+
+    return next(folder for folder in numbered(root, "cv_") if not folder.exists() or unfinished(folder))
 
 
 def fold_result(cli: Any, fold: int, history: FoldHistory, seconds: float) -> dict[str, Any]:

@@ -53,7 +53,7 @@ from project.hooks import Finishes, LogsConfig, UsesRunFolder
 from project.inputs import stated_contract
 from project.module import MNISTClassifier
 from project.visuals import TensorBoardImages
-from project.writer import free_path
+from project.writer import first_free, free_path, numbered
 
 # The recipe every command starts from; --config files and flags override it key by key.
 DEFAULT_RECIPE = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
@@ -440,11 +440,9 @@ class MNISTCLI(LightningCLI):
             return
         # An evaluation gets a folder of its own inside the run, <run>/eval/<command>_<n>/, with its config, metrics
         # and predictions: traceable to the run without adding points to the run's own curves.
-        n = 0
-        while (run / "eval" / f"{subcommand}_{n}").exists():
-            n += 1
-        logger.save_dir, logger.name, logger.version = str(run), "eval", f"{subcommand}_{n}"
-        rank_zero_info(f"Evaluating {path.name} of {run}: results in {run / 'eval' / f'{subcommand}_{n}'}.")
+        folder = first_free(numbered(run / "eval", f"{subcommand}_"))
+        logger.save_dir, logger.name, logger.version = str(run), "eval", folder.name
+        rank_zero_info(f"Evaluating {path.name} of {run}: results in {folder}.")
 
     @staticmethod
     def _last_checkpoint_of_this_job(run_root: Path) -> Path | None:

@@ -1,7 +1,8 @@
 """Write ``predict`` results to a CSV file: one row per input, with every class probability."""
 
 import csv
-from collections.abc import Sequence
+import itertools
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,13 +16,20 @@ from project.hooks import NamesPredictInputs
 from project.inputs import datamodule_of
 
 
+def numbered(folder: Path, prefix: str) -> Iterator[Path]:
+    """``folder/<prefix>0``, ``folder/<prefix>1``, ...: the names of runs of one kind (``eval/test_``, ``cv_``)."""
+    return (folder / f"{prefix}{n}" for n in itertools.count())
+
+
+def first_free(candidates: Iterable[Path]) -> Path:
+    """The first of ``candidates`` that nothing is at: what the template writes never replaces a file or folder."""
+    return next(path for path in candidates if not path.exists())
+
+
 def free_path(path: Path) -> Path:
     """``path`` if nothing is there, else the first free ``stem-1.suffix``, ``stem-2.suffix``, ..."""
-    candidate, n = path, 0
-    while candidate.exists():
-        n += 1
-        candidate = path.with_name(f"{path.stem}-{n}{path.suffix}")
-    return candidate
+    others = (path.with_name(f"{path.stem}-{n}{path.suffix}") for n in itertools.count(1))
+    return first_free(itertools.chain([path], others))
 
 
 class CSVPredictionWriter(BasePredictionWriter):

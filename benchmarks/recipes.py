@@ -86,8 +86,8 @@ def child(result_path: str, started: float, argv: list[str]) -> None:
     """
     import lightning as L
 
-    from project.cli import skip_teardown
-    from project.lightning_cli import run
+    from project.cli import run
+    from project.console import skip_teardown
 
     class Times(L.Callback):
         """When the first training step starts (after imports, parsing, data, set-up) and how long fit takes."""

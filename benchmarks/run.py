@@ -54,7 +54,7 @@ def child(result_path: str, warmup: int, test: bool, started: float, cli_args: l
     import lightning as L
     import torch
 
-    from project.lightning_cli import run
+    from project.cli import run
 
     class StepTimer(L.Callback):
         """Timestamps of each training batch's start (after the fetch) and end (after the optimizer step)."""

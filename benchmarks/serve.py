@@ -110,7 +110,7 @@ def csv_predictions(ckpt: Path, folder: Path) -> dict[int, int]:
 
     ``ckpt`` is a copy in the benchmark's folder: predict writes its CSV beside the checkpoint's run.
     """
-    from project.cli import cli_main
+    from project.__main__ import cli_main
     from project.writer import CSVPredictionWriter
 
     cli = cli_main(

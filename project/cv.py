@@ -24,7 +24,7 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from project.cli import HelpFormatter
+from project.console import HelpFormatter
 from project.writer import numbered
 
 # What a fold reports: its best epoch's validation metrics, and the test metric of its best checkpoint.
@@ -120,8 +120,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     taken = [a for a in fit_args if a.split("=", 1)[0] in ("--data.num_folds", "--data.fold", "--ckpt_path")]
     if taken:
         parser.error(f"{', '.join(taken)}: cv sets the folds and resumes its own folds; leave them out.")
+    from project.cli import run
     from project.errors import UserError
-    from project.lightning_cli import run
 
     folds = [f"--data.num_folds={args.folds}", "--test_after_fit=" + str(args.test).lower()]
     # Every option checked and the first fold's split made before any training: a bad value or too few images of

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from project.checkpointing import CheckpointError
+from project.errors import UserError
 from project.hooks import StatesInputContract, TakesInputContract
 from project.images import normalize, prepare_image, prepare_resized
 
@@ -155,3 +156,38 @@ def restore_contract(trainer: L.Trainer, checkpoint: dict[str, Any]) -> None:
     datamodule = datamodule_of(trainer)
     if isinstance(datamodule, TakesInputContract) and isinstance(checkpoint.get(KEY), dict):
         datamodule.load_input_contract(InputContract.from_dict(checkpoint[KEY]))
+
+
+class InputMismatch(UserError, ValueError):
+    """The network cannot take the images the DataModule gives, or gives another number of classes."""
+
+
+def check_net_takes_the_data(net: torch.nn.Module, datamodule: L.LightningDataModule, num_classes: int) -> None:
+    """Run ``net`` on two zero images of the shape the DataModule states (its ``input_contract()``), before any
+    run folder is made: a channel or size mismatch is one line naming both sides, not a traceback from inside the
+    model summary. Eval mode and no grad: batch-norm statistics are left as they were."""
+    if (contract := stated_contract(datamodule)) is None:
+        return
+    shape = contract.shape  # (C, H, W)
+    given = [f"data.{k}={datamodule.hparams[k]}" for k in ("channels", "image_size") if k in datamodule.hparams]
+    data = f"{type(datamodule).__name__} gives {shape[0]}x{shape[1]}x{shape[2]} images" + (
+        f" ({', '.join(given)})" if given else ""
+    )
+    was_training = net.training
+    try:
+        with torch.no_grad():
+            logits = net.eval()(torch.zeros(2, *shape))
+    except RuntimeError as exc:
+        why = str(exc).strip().splitlines()[0]
+        raise InputMismatch(
+            f"model.net ({type(net).__name__}) cannot take the images: {data}, and the network fails on them "
+            f"({why}). Make them agree: the network's input (e.g. model.net.init_args.in_channels, or a network for "
+            "that size such as project.resnet.SmallResNet) or the data's (data.channels, data.image_size)."
+        ) from None
+    finally:
+        net.train(was_training)
+    if tuple(logits.shape) != (2, num_classes):
+        raise InputMismatch(
+            f"model.net ({type(net).__name__}) gives logits of shape {tuple(logits.shape[1:])} for {data}, not "
+            f"({num_classes},): one logit per class of the data. Give the network num_classes={num_classes}."
+        )

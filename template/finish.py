@@ -105,7 +105,7 @@ def rewrite(text: str, old: str, new: str, pyproject: bool = False) -> str:
         (rf"\bimport {o}\b", f"import {new}"),
         (rf"(?<!\w)-m {o}\b", f"-m {new}"),
         (rf"``{o}``", f"``{new}``"),
-        (rf"(?<![\w\[/-]){o}\.(?=[A-Za-z_])", f"{new}."),  # project.net.CNN, project.cli:main
+        (rf"(?<![\w\[/-]){o}\.(?=[A-Za-z_])", f"{new}."),  # project.net.CNN, project.__main__:main
         (rf"(?<![\w-]){o}/", f"{new}/"),  # paths: project/net.py
         (rf'"{o}"', f'"{new}"'),  # ROOT / "project", the console script's name in tests
         (rf"\b{o} (fit|validate|test|predict|export|env)\b", rf"{new} \1"),  # the console script

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from project.cli import cli_main
+from project.__main__ import cli_main
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = str(ROOT / "configs" / "default.yaml")
@@ -185,7 +185,7 @@ def predict_folder(root: Path | None, images: Path, logs: Path, ckpt: Path, *ext
     LightningCLI, and its CSV's rows."""
     import csv
 
-    from project.cli import cli_main
+    from project.__main__ import cli_main
 
     cli = cli_main(
         [
@@ -258,7 +258,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 def assert_help_shows_defaults(command: str, shown: str, capsys: pytest.CaptureFixture) -> None:
     """``<command> --help`` exits 0 and shows ``shown`` (a default), and no option says "(default: None)"."""
-    from project.cli import cli_main
+    from project.__main__ import cli_main
 
     with pytest.raises(SystemExit) as info:
         cli_main([command, "--help"])

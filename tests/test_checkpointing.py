@@ -12,8 +12,8 @@ import lightning as L
 import pytest
 import torch
 
+from project.__main__ import cli_main
 from project.checkpointing import AtomicCheckpointIO, load_checkpoint
-from project.cli import cli_main
 from project.data import MNISTDataError
 from tests.conftest import DEFAULT_CONFIG, ROOT
 

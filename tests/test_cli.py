@@ -7,7 +7,7 @@ import pytest
 import torch
 from lightning.pytorch.utilities.model_summary import ModelSummary
 
-from project.cli import cli_main
+from project.__main__ import cli_main
 from project.module import MNISTClassifier
 from project.net import CNN
 from project.schedules import WarmupCosineLR
@@ -156,7 +156,7 @@ def test_module_entry_point_and_console_script_list_every_command_without_import
     assert no_args.returncode == 2 and "\n  env " in no_args.stdout
     typo = subprocess.run([sys.executable, "-m", "project", "fti"], capture_output=True, text=True)
     assert typo.returncode == 2 and "Did you mean 'fit'" in typo.stderr
-    code = "import sys; from project.cli import cli_main\n"
+    code = "import sys; from project.__main__ import cli_main\n"
     code += "try: cli_main(['--help'])\nexcept SystemExit: pass\n"
     code += "assert 'torch' not in sys.modules and 'lightning' not in sys.modules, 'heavy import for --help'"
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
@@ -305,7 +305,7 @@ needs_no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="about a mac
 def test_a_trainer_option_this_machine_cannot_run_is_one_error_line_naming_it(
     options, says, monkeypatch, capsys, tmp_path
 ):
-    from project.cli import main
+    from project.__main__ import main
 
     monkeypatch.chdir(ROOT)  # the overlays by their relative paths, as the README writes them
     logs = f"--trainer.logger.init_args.save_dir={tmp_path / 'logs'}"
@@ -324,7 +324,7 @@ def test_a_trainer_option_this_machine_cannot_run_is_one_error_line_naming_it(
 def test_project_traceback_shows_lightnings_own_error_for_a_trainer_option(monkeypatch):
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
-    from project.cli import main
+    from project.__main__ import main
 
     monkeypatch.setenv("PROJECT_TRACEBACK", "1")
     monkeypatch.setattr(sys, "argv", ["project", "fit", "--trainer.accelerator", "gpu", "--trainer.logger", "false"])

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from project.cli import cli_main
+from project.__main__ import cli_main
 from project.data import MNISTDataModule, load_split
 from tests.conftest import ROOT, small_run
 

@@ -216,7 +216,7 @@ def test_a_failed_download_writes_nothing_and_the_console_shows_one_line(
 ):
     import sys
 
-    from project.cli import main
+    from project.__main__ import main
 
     def offline(self):
         (Path(self.root) / folder / "raw").mkdir(parents=True, exist_ok=True)  # what torchvision does first

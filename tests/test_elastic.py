@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from project.__main__ import cli_main
 from project.checkpointing import load_checkpoint
-from project.cli import cli_main
 from tests.conftest import DEFAULT_CONFIG, ROOT
 
 STEPS_PER_EPOCH = 8  # 128 training images, 2 workers x 8 per step

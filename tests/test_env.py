@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import torch
 
 from project import env
-from project.cli import cli_main
+from project.__main__ import cli_main
 from project.hardware import cpu_has_native_bf16, recommended_precision
 
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import project.net as net_module
+from project.__main__ import cli_main
 from project.checkpointing import CheckpointError
-from project.cli import cli_main
 from tests.conftest import ROOT, assert_help_shows_defaults
 from tests.test_checkpointing import evil_checkpoint
 

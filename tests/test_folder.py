@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from project.cli import cli_main
+from project.__main__ import cli_main
 from project.data import DataError
 from project.folder.data import FileDataset, FolderDataError, ImageFolderDataModule
 from tests.conftest import CLASSES, ROOT, new_images, predict_folder, write_classes
@@ -150,13 +150,13 @@ def test_folder_errors_are_clear(tmp_path):
 
 @pytest.mark.parametrize("extra", [["--data.channels=3"], ["--data.image_size=32"]])
 def test_a_network_that_cannot_take_the_data_is_one_line_before_any_run_folder(tmp_path, extra, capsys, monkeypatch):
-    import project.cli
+    from project.__main__ import main
 
     root = write_classes(tmp_path / "my_data", per_class=4)
     logs = tmp_path / "logs"
     monkeypatch.setattr("sys.argv", ["python -m project", *fit_args(root, logs, *extra)])
     with pytest.raises(SystemExit) as info:
-        project.cli.main()
+        main()
     err = capsys.readouterr().err.strip()
     assert info.value.code == 1 and len(err.splitlines()) == 1, err
     assert "model.net (CNN) cannot take the images: ImageFolderDataModule gives" in err

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from project.cli import CORE_COMMANDS
+from project.__main__ import COMMANDS
 from tests.conftest import ROOT
 
 PACKAGE = ROOT / "project"
@@ -58,10 +58,10 @@ def test_the_command_list_comes_from_the_features_present(tmp_path):
     shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
     for feature in removed:
         shutil.rmtree(copy / feature)
-    code = f"from {PACKAGE.name}.cli import commands; print(' '.join(commands()))"
+    code = f"from {PACKAGE.name}.__main__ import commands; print(' '.join(commands()))"
     listed = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
     kept = [f for f in with_command if f not in removed]
-    assert listed.stdout.split() == [*CORE_COMMANDS, *kept]
+    assert listed.stdout.split() == [*COMMANDS, *kept]
     for feature in removed:
         gone = subprocess.run(
             [sys.executable, "-m", PACKAGE.name, feature], cwd=tmp_path, capture_output=True, text=True

@@ -7,7 +7,7 @@ import shlex
 
 import pytest
 
-from project.cli import cli_main, commands
+from project.__main__ import cli_main, commands
 from tests.conftest import ROOT
 from tests.test_layout import FEATURES
 
@@ -97,7 +97,7 @@ def test_the_readme_layout_names_only_modules_that_exist():
     package = ROOT / "project"
     tree = readme_tree()
     shown = set(re.findall(r"^  (\w+\.py|\w+/)", tree, flags=re.M))
-    present = {p.name for p in package.glob("*.py") if not p.name.startswith("__")}
+    present = {p.name for p in package.glob("*.py") if p.name != "__init__.py"}
     present |= {f"{feature}/" for feature in FEATURES}
     assert shown <= present, f"the README's layout names {sorted(shown - present)}, not in {package.name}/"
     for feature, line in re.findall(r"^  (\w+)/ +(.*)$", tree, flags=re.M):  # the files a feature's line names
@@ -113,7 +113,7 @@ def test_the_readme_layout_names_only_modules_that_exist():
 def test_the_readme_layout_names_every_module_of_the_template():
     """The template's own form, checked in the template only: a copy's README need not list the user's modules."""
     shown = set(re.findall(r"^  (\w+\.py|\w+/)", readme_tree(), flags=re.M))
-    present = {p.name for p in (ROOT / "project").glob("*.py") if not p.name.startswith("__")}
+    present = {p.name for p in (ROOT / "project").glob("*.py") if p.name != "__init__.py"}
     present |= {f"{feature}/" for feature in FEATURES}
     assert present <= shown, f"missing from the README's layout: {sorted(present - shown)}"
 
@@ -136,7 +136,7 @@ def test_every_documented_command_parses(command, trained_ckpt, capsys, tmp_path
     assert args[0] in listed, command
     package = cli_main.__module__.rpartition(".")[0]  # "project", or the package_name of a copy
     try:
-        module = importlib.import_module(f"{package}.{listed[args[0]][0].rpartition('.')[0]}")
+        module = importlib.import_module(f"{package}.{listed[args[0]][0]}")
         if hasattr(module, "__path__"):  # a feature's package: the module of its own that builds the parser
             names = [f"{module.__name__}.{m.name}" for m in pkgutil.iter_modules(module.__path__)]
             module = next(m for m in map(importlib.import_module, names) if hasattr(m, "build_parser"))

@@ -5,7 +5,7 @@ No skip when the data is absent: the run then fails with the data module's error
 
 import pytest
 
-from project.cli import cli_main
+from project.__main__ import cli_main
 from tests.conftest import DEFAULT_CONFIG
 
 

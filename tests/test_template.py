@@ -83,14 +83,14 @@ def test_the_core_alone_names_no_feature_anywhere(core_copy):
     answers = (core_copy / ".copier-answers.yml").read_text()
     assert "features: []" in answers and f"package_name: {PACKAGE}" in answers
     pyproject = (core_copy / "pyproject.toml").read_text()
-    assert f'name = "{PACKAGE}"' in pyproject and f'{PACKAGE} = "{PACKAGE}.cli:main"' in pyproject
+    assert f'name = "{PACKAGE}"' in pyproject and f'{PACKAGE} = "{PACKAGE}.__main__:main"' in pyproject
     for command in (["ruff", "check", "--quiet", "."], ["ruff", "format", "--check", "--quiet", "."]):
         done = subprocess.run(command, cwd=core_copy, capture_output=True, text=True)
         assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_the_core_alone_lists_only_the_core_commands(core_copy):
-    code = f"from {PACKAGE}.cli import commands; print(' '.join(commands()))"
+    code = f"from {PACKAGE}.__main__ import commands; print(' '.join(commands()))"
     listed = subprocess.run([sys.executable, "-c", code], cwd=core_copy, capture_output=True, text=True, check=True)
     assert listed.stdout.split() == ["fit", "validate", "test", "predict", "cv", "env"]
 

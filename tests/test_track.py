@@ -36,7 +36,7 @@ def test_profile_overlay_writes_a_trace_and_the_slowest_ops(run_cli):
 def test_the_profile_recipe_as_shipped_writes_and_prints_the_slowest_ops(tmp_path, monkeypatch, capsys):
     """configs/profile.yaml unchanged (batch 128, 40 steps, 5 validation batches): the training cycle's table survives
     the validation steps, which Lightning runs on the same schedule, and is printed too."""
-    from project.cli import cli_main
+    from project.__main__ import cli_main
 
     raw = tmp_path / "data" / "MNIST" / "raw"  # enough digits for 40 batches of 128 and 5 of validation
     raw.mkdir(parents=True)
@@ -90,7 +90,7 @@ def wandb_records(path: Path) -> list:
 
 def test_wandb_overlay_runs_offline_without_network_and_its_run_reads_back(mnist_dir, tmp_path, monkeypatch):
     wandb = pytest.importorskip("wandb", reason="the wandb extra is not installed: pip install -e '.[wandb]'")
-    from project.cli import cli_main
+    from project.__main__ import cli_main
     from tests.conftest import small_run
 
     monkeypatch.chdir(tmp_path)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from project.cli import cli_main
+from project.__main__ import cli_main
 from tests.conftest import ROOT, assert_help_shows_defaults, small_run
 
 optuna = pytest.importorskip("optuna", reason="the tune extra is not installed: pip install -e '.[tune]'")

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, Subset
 from project.data import DataError
 from project.hooks import TakesInputContract
 from project.inputs import InputContract
-from project.lightning_cli import resolve
+from project.runs import resolve
 
 
 @dataclass

@@ -22,13 +22,13 @@ import yaml
 from torch import Tensor, nn
 
 from project.checkpointing import load_checkpoint
-from project.cli import HelpFormatter
+from project.console import HelpFormatter
 from project.errors import UserError
 from project.export.checks import CheckData, check_data
 from project.export.quantize import quantize_dynamic_onnx, quantize_static_onnx
 from project.inputs import InputContract, read_contract
-from project.lightning_cli import resolve
 from project.module import MNISTClassifier
+from project.runs import resolve
 
 
 class ExportError(UserError, ValueError):

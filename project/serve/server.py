@@ -42,7 +42,7 @@ from fastapi import Depends, HTTPException, Request
 from starlette.requests import ClientDisconnect
 from starlette.routing import Route
 
-from project.cli import HelpFormatter
+from project.console import HelpFormatter
 from project.images import BlankImage, ImageTooLarge
 from project.serve.lifetime import AnswerWithin, Heartbeat, end_with_parent, forks_end_with_this_process
 

@@ -3,7 +3,7 @@
 import torch
 from lightning.pytorch.profilers import PyTorchProfiler
 
-from project.lightning_cli import is_rank_zero
+from project.runs import is_rank_zero
 
 
 class StepProfiler(PyTorchProfiler):

@@ -1,6 +1,6 @@
 """Hyperparameter search on Optuna: ``python -m project tune --search configs/search.yaml [fit options]``.
 
-Each trial is an in-process ``fit`` (``cli_main``) with the trial's values as overrides of the same configs and
+Each trial is an in-process ``fit`` (``cli.run``) with the trial's values as overrides of the same configs and
 keys ``fit`` takes; its objective is the best validation metric (``val/acc``), never the test set. Hopeless trials
 are pruned after an epoch (optuna-integration's ``PyTorchLightningPruningCallback``, a median pruner by default).
 The study lives in an Optuna storage: by default a SQLite file under ``logs/``; ``--storage`` takes any Optuna URL
@@ -27,7 +27,7 @@ from typing import Any
 import lightning as L
 import yaml
 
-from project.cli import HelpFormatter
+from project.console import HelpFormatter
 from project.errors import UserError
 
 try:
@@ -136,7 +136,7 @@ def check_fit(space: dict[str, dict[str, Any]], fit_args: list[str], search: str
     """
     from jsonargparse import ArgumentError
 
-    from project.lightning_cli import run
+    from project.cli import run
 
     first = {k: (s["choices"][0] if s["type"] == "categorical" else s["low"]) for k, s in space.items()}
     try:
@@ -305,7 +305,7 @@ def tune(args: argparse.Namespace, fit_args: list[str]) -> tuple[optuna.Study, P
     Returns:
         The study, and its folder ``<save_dir>/<study>/``.
     """
-    from project.lightning_cli import run
+    from project.cli import run
 
     space = load_search_space(args.search)
     # Before the first trial: a typo costs seconds, not a trial. Its <save_dir>/<study>/ holds the trials' runs, the

@@ -1,0 +1,155 @@
+"""What a mistake in a command's options prints: "did you mean", the Trainer option that cannot run here and where
+it was set, and none of Lightning's lines that the user can do nothing about. Used by ``cli.py`` only.
+"""
+
+import difflib
+import importlib
+import inspect
+import logging
+import os
+import re
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from lightning.pytorch.cli import LightningArgumentParser
+
+from project.errors import UserError
+from project.hardware import cpu_has_native_bf16
+
+
+class LightningNoise(logging.Filter):
+    """Drop Lightning's console lines that are not about the user's run (advertising, absent accelerators)."""
+
+    NOISE = re.compile(
+        r"💡 Tip|GPU available: False|TPU available: False|HPU available: False"
+        r"|Loading `train_dataloader` to estimate number of stepping batches"  # WarmupCosineLR asked for the length
+    )
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not self.NOISE.search(record.getMessage())
+
+
+def quiet_lightning() -> None:
+    """Filter what Lightning prints that the user can do nothing about; idempotent."""
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        log = logging.getLogger(name)
+        if not any(isinstance(f, LightningNoise) for f in log.filters):
+            log.addFilter(LightningNoise())
+    # Lightning's own use of jsonargparse APIs deprecated upstream: not the user's to fix.
+    os.environ.setdefault("JSONARGPARSE_DEPRECATION_WARNINGS", "off")
+    # Raised inside Lightning's own pytree helper on every fit with torch >= 2.10; nothing for the user to change.
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
+    warnings.filterwarnings("ignore", message=r".*does not have many workers.*")  # num_workers=0 is measured fastest
+    # The model summary cannot count FLOPs under bf16 autocast on a CPU; the parameter counts it prints are right.
+    warnings.filterwarnings("ignore", message=r".*Precision .* is not supported by the model summary.*")
+    # Resuming into the run's own checkpoint folder is the point of `--ckpt_path last`.
+    warnings.filterwarnings("ignore", message=r".*Checkpoint directory .* exists and is not empty.*")
+    warnings.filterwarnings("ignore", message=r".*args parameter is intended to run from within Python.*")  # we do
+    if not os.environ.get("SLURM_JOB_ID"):  # outside a SLURM job, `srun` on PATH says nothing about this run
+        warnings.filterwarnings("ignore", message=r"The `srun` command is available on your system but is not used")
+
+
+class TrainerConfigError(UserError, RuntimeError):
+    """The Trainer options given (accelerator, devices, strategy, precision) cannot run on this machine."""
+
+
+# The Trainer options that pick the hardware, in the order an error message names them.
+HARDWARE_KEYS = ("accelerator", "devices", "strategy", "precision", "num_nodes")
+
+
+def raised_by_lightning(exc: BaseException) -> bool:
+    """Whether the innermost frame that raised ``exc`` is Lightning's (a connector refusing an option)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and "/lightning/" in tb.tb_frame.f_code.co_filename
+
+
+def option_source(argv: list[str], key: str) -> str | None:
+    """Where the last value of the dotted ``key`` in ``argv`` came from: a ``--config`` file, or the command line."""
+    source = None
+    top, _, rest = key.partition(".")
+    for i, arg in enumerate(argv):
+        if (arg in ("--config", "-c") and i + 1 < len(argv)) or arg.startswith("--config="):
+            path = arg.split("=", 1)[1] if "=" in arg else argv[i + 1]
+            try:
+                tree = yaml.safe_load(Path(path).read_text()) or {}
+            except (OSError, yaml.YAMLError):
+                continue
+            if isinstance(tree, dict) and isinstance(tree.get(top), dict) and rest in tree[top]:
+                source = path
+        elif arg == f"--{key}" or arg.startswith(f"--{key}="):
+            source = "the command line"
+    return source
+
+
+def explain_trainer_error(exc: BaseException, trainer: dict[str, Any], argv: list[str]) -> str:
+    """One line for a Trainer that cannot be built here: the option, where it was set, and what to use instead."""
+    accelerator = str(trainer.get("accelerator"))
+    if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+        where = option_source(argv, "trainer.accelerator")
+        by = f" (set by {where})" if where else ""
+        instead = []
+        if str(trainer.get("precision")) in ("16-mixed", "16", "16-true"):
+            bf16 = "native bf16" if cpu_has_native_bf16() else "no native bf16: it would be emulated and slow"
+            instead.append(
+                f"configs/bf16-mixed.yaml on a CPU with native bf16 (this one has {bf16}) or no precision overlay"
+            )
+        if trainer.get("strategy") not in (None, "auto") or trainer.get("devices") not in (None, "auto", 1):
+            instead.append("configs/ddp_cpu.yaml for several processes on this CPU")
+        use = "; ".join(instead) or "leave trainer.accelerator at auto (or set cpu)"
+        return (
+            f"trainer.accelerator={accelerator!r}{by} needs a CUDA GPU, and this machine has none "
+            f"(`python -m project env` says what it has). Use instead: {use}."
+        )
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    sources = {k: option_source(argv, f"trainer.{k}") for k in HARDWARE_KEYS}
+    named = [k for k in HARDWARE_KEYS if k in message.lower()] or [k for k in HARDWARE_KEYS if sources[k]]
+    named = [k for k in named if sources[k]] or named or ["accelerator"]  # what the user set, where Lightning says
+    options = ", ".join(
+        f"trainer.{k}={trainer.get(k)!r}" + (f" (set by {sources[k]})" if sources[k] else "") for k in named
+    )
+    return f"{options}: not available on this machine: {message} (`python -m project env` lists what it has)."
+
+
+# jsonargparse's error for an argument a class_path's class does not take (its wording in 4.53).
+NOT_ACCEPTED = re.compile(
+    r'Parser key "(?P<key>[^"]+)":.*?given class_path \'(?P<class_path>[^\']+)\':'
+    r"\s+Option '(?P<name>[^']+)' is not accepted",
+    re.S,
+)
+
+
+class SuggestingParser(LightningArgumentParser):
+    """LightningCLI's parser, whose "unrecognized arguments" error names the closest options that exist."""
+
+    def error(self, message: str, ex: Exception | None = None) -> Any:
+        # A misspelt argument of a class given by class_path (--data.batch_sise) is a 10-line Union error.
+        found = NOT_ACCEPTED.search(message)
+        if found:
+            key, class_path, name = found.group("key", "class_path", "name")
+            module, _, attr = class_path.rpartition(".")
+            params = [
+                p.name
+                for p in inspect.signature(getattr(importlib.import_module(module), attr)).parameters.values()
+                if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+            ]
+            close = difflib.get_close_matches(name, params, n=2, cutoff=0.6)
+            hint = f" Did you mean {' or '.join(f'--{key}.{c}' for c in close)}?" if close else ""
+            listed = ", ".join(params)
+            message = f"--{key}.{name}: {class_path} has no argument {name!r}.{hint} Its arguments: {listed}."
+        elif message.startswith("unrecognized arguments:"):
+            parser = getattr(ex, "subcommand_parser", None) or self
+            known = [o for o in parser._option_string_actions if o.startswith("--")]
+            hints = []
+            for token in message.split(":", 1)[1].split():
+                option = token.split("=", 1)[0]
+                close = difflib.get_close_matches(option, known, n=2, cutoff=0.75) if option.startswith("--") else []
+                if close:
+                    hints.append(f"{option}: did you mean {' or '.join(close)}?")
+            if hints:
+                message = f"{message}\n" + "\n".join(hints)
+        return super().error(message, ex)

@@ -21,8 +21,9 @@ import torch
 from PIL import Image
 from run import machine
 
-from project.data import MEAN, STD, load_split
+from project.data import MEAN, STD
 from project.images import normalize, prepare_image
+from project.mnist_files import load_split
 from project.module import MNISTClassifier
 
 

@@ -40,7 +40,10 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(1, str(ROOT))  # tests.conftest: free_port
 from run import machine  # noqa: E402  (the CPU line every benchmark of this folder prints)
+
+from tests.conftest import free_port  # noqa: E402  (one definition, the suite's)
 
 LUA = r"""
 -- Posts the bodies in order (bodies[i] names its file d<i>.png) and checks each answer; stops after `quota`.
@@ -189,14 +192,6 @@ def tree_cpu(pid: int, litserve: bool) -> dict[str, float]:
     except psutil.NoSuchProcess:
         pass
     return cpu
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start(cmd: list[str], port: int) -> subprocess.Popen:

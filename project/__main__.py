@@ -14,11 +14,11 @@ import difflib
 import importlib
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 from project.console import prog_name, skip_teardown
 from project.errors import UserError
+from project.hooks import HasCommand, features
 
 # command: (module of this package, its function, one line for the overview)
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -37,13 +37,12 @@ PACKAGE = __package__ or "project"  # the package_name of a copy
 
 
 def commands() -> dict[str, tuple[str, str, str]]:
-    """The core's commands, then those of the features present (each folder whose ``__init__.py`` has a ``main``)."""
+    """The core's commands, then those of the features present (``hooks.HasCommand``)."""
     found = dict(COMMANDS)
-    for init in sorted(Path(__file__).parent.glob("*/__init__.py")):
-        module = importlib.import_module(f"{PACKAGE}.{init.parent.name}")  # the __init__ only: no heavy import
-        if callable(getattr(module, "main", None)):
-            summary = (module.__doc__ or "").strip().split("\n")[0].rstrip(".")
-            found[init.parent.name] = (init.parent.name, "main", summary)
+    for feature in features():
+        if isinstance(feature, HasCommand):
+            name = feature.__name__.rpartition(".")[2]
+            found[name] = (name, "main", (feature.__doc__ or "").strip().split("\n")[0].rstrip("."))
     return found
 
 

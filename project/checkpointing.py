@@ -286,3 +286,25 @@ class JobIdentity(L.Callback):
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         checkpoint["job"] = job_identity()
+
+
+class RandomState(L.Callback):
+    """Keep torch's random state in every checkpoint (``checkpoint["rng_states"]``) and restore it on resume.
+
+    Lightning does not keep it; without it a resumed run draws other shuffles and augmentations than an uninterrupted
+    one. On a checkpoint loaded for evaluation nothing is restored: its random state is not the evaluation's.
+    """
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        checkpoint["rng_states"] = {"torch": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            checkpoint["rng_states"]["cuda"] = torch.cuda.get_rng_state_all()
+
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        if trainer.state.fn != TrainerFn.FITTING:
+            return
+        states = checkpoint.get("rng_states", {})
+        if "torch" in states:
+            torch.set_rng_state(states["torch"])
+        if "cuda" in states and torch.cuda.is_available() and len(states["cuda"]) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(states["cuda"])

@@ -21,35 +21,48 @@ import time
 from pathlib import Path
 from typing import Any
 
-import lightning as L
+import torch
 from lightning.pytorch.loggers import TensorBoardLogger
+from torch import Tensor
 
 from project.console import HelpFormatter
+from project.errors import DataError
+from project.monitors import MetricHistory
 from project.writer import numbered
 
 # What a fold reports: its best epoch's validation metrics, and the test metric of its best checkpoint.
 VAL_ACC, VAL_LOSS, TEST_ACC = "val/acc", "val/loss", "test/acc"
 
 
-class FoldHistory(L.Callback):
-    """Each epoch's ``val/acc`` and ``val/loss``, kept in the checkpoints so that a resumed fold still has them."""
+def check_folds(num_folds: int | None, fold: int) -> None:
+    """``data.num_folds`` / ``data.fold`` must name one of at least two folds; raise ValueError naming the key."""
+    if num_folds is not None and (num_folds < 2 or not 0 <= fold < num_folds):
+        raise ValueError(
+            f"data.num_folds={num_folds}, data.fold={fold}: num_folds must be at least 2, and fold from 0 to "
+            "num_folds - 1."
+        )
 
-    def __init__(self) -> None:
-        self.epochs: list[dict[str, float]] = []
 
-    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        metrics = trainer.callback_metrics
-        if not trainer.sanity_checking and VAL_ACC in metrics:
-            epoch = {"epoch": trainer.current_epoch, VAL_ACC: float(metrics[VAL_ACC])}
-            if VAL_LOSS in metrics:
-                epoch[VAL_LOSS] = float(metrics[VAL_LOSS])
-            self.epochs = [e for e in self.epochs if e["epoch"] != epoch["epoch"]] + [epoch]
+def fold_indices(labels: Tensor, num_folds: int, fold: int, seed: int, names: list[str]) -> tuple[Tensor, Tensor]:
+    """The (train, val) indices of fold ``fold`` of ``num_folds`` stratified, seeded, disjoint parts of ``labels``.
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"epochs": self.epochs}
+    The images are shuffled with ``seed``, grouped by class, and dealt out in turn: every class is spread over the
+    folds as evenly as it can be (counts differ by at most one), and the K validation parts cover every image once.
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.epochs = list(state_dict["epochs"])
+    Raises:
+        DataError: naming the class, if a class has fewer images than there are folds.
+    """
+    counts = torch.bincount(labels, minlength=len(names))
+    few = [f"{names[c]!r} has {int(n)}" for c, n in enumerate(counts) if int(n) < num_folds]
+    if few:
+        raise DataError(
+            f"data.num_folds={num_folds} needs at least {num_folds} images of every class in the training split, but "
+            f"{', '.join(few)}: use fewer folds, or more images of those classes."
+        )
+    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))
+    order = order[torch.argsort(labels[order], stable=True)]  # grouped by class, shuffled within each class
+    part = torch.arange(len(labels)) % num_folds  # the n-th image of the grouped list goes to fold n % K
+    return order[part != fold].sort().values, order[part == fold].sort().values
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,7 +87,7 @@ def cv_folder(root: Path, command: dict[str, Any]) -> Path:
     return next(folder for folder in numbered(root, "cv_") if not folder.exists() or unfinished(folder))
 
 
-def fold_result(cli: Any, fold: int, history: FoldHistory, seconds: float) -> dict[str, Any]:
+def fold_result(cli: Any, fold: int, history: MetricHistory, seconds: float) -> dict[str, Any]:
     """What one finished fold reports: its best epoch (by ``val/acc``), its best checkpoint and, if run, its test."""
     if not history.epochs:
         raise RuntimeError(f"fold {fold} logged no {VAL_ACC}: did it validate (trainer.limit_val_batches > 0)?")
@@ -165,7 +178,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             fit.append(f"--ckpt_path={last}")
         else:
             print(f"cv: fold {fold} of {args.folds}")
-        history, start = FoldHistory(), time.perf_counter()
+        history, start = MetricHistory([VAL_ACC, VAL_LOSS]), time.perf_counter()
         cli = run(fit, callbacks=[history], run_folder=(f"{name}/{folder.name}", f"fold_{fold}"))
         result = fold_result(cli, fold, history, time.perf_counter() - start)
         done.write_text(json.dumps(result, indent=2) + "\n")

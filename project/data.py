@@ -1,26 +1,21 @@
 """MNIST as a LightningDataModule: files checked up front, a seeded train/val split, the test set for predict."""
 
-import math
 import os
-import shutil
-import tempfile
-from collections.abc import Callable
-from math import prod
 from pathlib import Path
 from typing import Any, Literal
 
 import lightning as L
 import torch
-import torch.nn.functional as F
-from PIL import Image
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Subset, random_split
 from torchvision import transforms
 from torchvision.datasets import KMNIST, MNIST, FashionMNIST
 
-from project.errors import UserError
+from project.batches import InMemoryDataset, PILImageDataset, keep_batch, random_shift_rotate
+from project.cv import check_folds, fold_indices
 from project.images import load_folder, normalize
 from project.inputs import InputContract
+from project.mnist_files import MNISTDataError, check_files, ensure_files, load_split
 
 MEAN, STD = 0.1307, 0.3081
 # Same IDX format, same 28x28 greyscale, 10 classes: the torchvision class (which names the folder
@@ -30,180 +25,6 @@ DATASETS: dict[str, tuple[type[MNIST], float, float]] = {
     "fashion_mnist": (FashionMNIST, 0.2860, 0.3530),
     "kmnist": (KMNIST, 0.1918, 0.3483),
 }
-# The four IDX files torchvision reads from <data_dir>/<class name>/raw/, with their dimensionality.
-IDX_FILES = {
-    "train-images-idx3-ubyte": 3,
-    "train-labels-idx1-ubyte": 1,
-    "t10k-images-idx3-ubyte": 3,
-    "t10k-labels-idx1-ubyte": 1,
-}
-
-
-def how_to_provide(folder: str = "MNIST") -> str:
-    """The remedy for missing files, naming the dataset's own folder (``MNIST``, ``FashionMNIST``, ``KMNIST``)."""
-    return (
-        "Put the four uncompressed IDX files there, or point the project at a folder that holds "
-        f"{folder}/raw/ with `export PATH_DATASETS=/path/to/data` or `--data.data_dir /path/to/data`."
-    )
-
-
-class DataError(UserError, RuntimeError):
-    """Data a DataModule cannot use, named with the remedy: the console prints it as one line, no traceback.
-
-    Raise it (or a subclass) from a DataModule of your own for the same treatment.
-    """
-
-
-class MNISTDataError(DataError):
-    """The MNIST files are missing, cannot be downloaded, or are malformed."""
-
-
-def check_folds(num_folds: int | None, fold: int) -> None:
-    """``data.num_folds`` / ``data.fold`` must name one of at least two folds; raise ValueError naming the key."""
-    if num_folds is not None and (num_folds < 2 or not 0 <= fold < num_folds):
-        raise ValueError(
-            f"data.num_folds={num_folds}, data.fold={fold}: num_folds must be at least 2, and fold from 0 to "
-            "num_folds - 1."
-        )
-
-
-def fold_indices(labels: Tensor, num_folds: int, fold: int, seed: int, names: list[str]) -> tuple[Tensor, Tensor]:
-    """The (train, val) indices of fold ``fold`` of ``num_folds`` stratified, seeded, disjoint parts of ``labels``.
-
-    The images are shuffled with ``seed``, grouped by class, and dealt out in turn: every class is spread over the
-    folds as evenly as it can be (counts differ by at most one), and the K validation parts cover every image once.
-
-    Raises:
-        DataError: naming the class, if a class has fewer images than there are folds.
-    """
-    counts = torch.bincount(labels, minlength=len(names))
-    few = [f"{names[c]!r} has {int(n)}" for c, n in enumerate(counts) if int(n) < num_folds]
-    if few:
-        raise DataError(
-            f"data.num_folds={num_folds} needs at least {num_folds} images of every class in the training split, but "
-            f"{', '.join(few)}: use fewer folds, or more images of those classes."
-        )
-    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))
-    order = order[torch.argsort(labels[order], stable=True)]  # grouped by class, shuffled within each class
-    part = torch.arange(len(labels)) % num_folds  # the n-th image of the grouped list goes to fold n % K
-    return order[part != fold].sort().values, order[part == fold].sort().values
-
-
-def read_idx(path: Path, ndim: int) -> Tensor:
-    """Read an uint8 IDX file, checking its header and length against each other.
-
-    Args:
-        path: The IDX file.
-        ndim: Expected number of dimensions (3 for images, 1 for labels).
-
-    Returns:
-        A uint8 tensor of the shape the header gives.
-
-    Raises:
-        MNISTDataError: naming the file, if it is not a uint8 IDX file of ``ndim`` dimensions or is truncated.
-    """
-    data = path.read_bytes()
-    header = 4 * (1 + ndim)
-    # Magic number: two zero bytes, the element type (0x08 = uint8), the number of dimensions.
-    if len(data) < header or data[:4] != bytes([0, 0, 0x08, ndim]):
-        raise MNISTDataError(
-            f"{path} is not a uint8 IDX file with {ndim} dimension(s) (bad header). "
-            f"Replace it with the original file. {how_to_provide(path.parent.parent.name)}"
-        )
-    shape = [int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
-    expected = header + prod(shape)
-    if len(data) != expected:
-        raise MNISTDataError(
-            f"{path} is truncated or corrupt: its header promises shape {tuple(shape)} ({expected} bytes) "
-            f"but the file has {len(data)} bytes. Replace it with the original MNIST file."
-        )
-    return torch.frombuffer(bytearray(data), dtype=torch.uint8, offset=header).view(*shape)
-
-
-def load_split(raw_dir: Path, prefix: str) -> tuple[Tensor, Tensor]:
-    """Read and cross-check one split (``prefix`` "train" or "t10k"): images (N, 28, 28) uint8, labels (N,) int64."""
-    images_path = raw_dir / f"{prefix}-images-idx3-ubyte"
-    labels_path = raw_dir / f"{prefix}-labels-idx1-ubyte"
-    images = read_idx(images_path, 3)
-    labels = read_idx(labels_path, 1).long()
-    if images.shape[0] != labels.shape[0]:
-        raise MNISTDataError(
-            f"{images_path} holds {images.shape[0]} images but {labels_path} holds {labels.shape[0]} labels."
-        )
-    if labels.numel() and int(labels.max()) > 9:
-        raise MNISTDataError(f"{labels_path} holds label {int(labels.max())}; labels must be 0-9.")
-    return images, labels
-
-
-class PILImageDataset(Dataset):
-    """Images (N, H, W) uint8 with labels (N,), each image passed through a torchvision transform as a PIL image.
-
-    This is what ``torchvision.datasets.MNIST`` does per item (minus re-reading the files): the slow, general path.
-    """
-
-    def __init__(self, images: Tensor, labels: Tensor | None, transform: Callable[[Image.Image], Tensor]) -> None:
-        self.images = images
-        self.labels = labels
-        self.transform = transform
-
-    def __len__(self) -> int:
-        return len(self.images)
-
-    def __getitem__(self, index: int) -> tuple[Tensor, int] | Tensor:
-        x = self.transform(Image.fromarray(self.images[index].numpy(), mode="L"))
-        return x if self.labels is None else (x, int(self.labels[index]))
-
-
-class InMemoryDataset(Dataset):
-    """Images (N, H, W) uint8 and labels (N,) held as two tensors, fetched a whole batch at a time.
-
-    The DataLoader calls ``__getitems__`` with the batch's indices, so a batch costs one gather instead of
-    ``batch_size`` PIL round trips; normalisation happens later, per batch, on the target device
-    (``MNISTDataModule.on_after_batch_transfer``). Samplers, and so DDP sharding, work as for any dataset.
-    """
-
-    def __init__(self, images: Tensor, labels: Tensor | None) -> None:
-        self.images = images
-        self.labels = labels  # None for unlabelled images: items are then the images alone
-
-    def __len__(self) -> int:
-        return len(self.images)
-
-    def __getitem__(self, index: int) -> tuple[Tensor, Tensor] | Tensor:
-        return self.images[index] if self.labels is None else (self.images[index], self.labels[index])
-
-    def __getitems__(self, indices: list[int]) -> tuple[Tensor, Tensor] | Tensor:
-        index = torch.as_tensor(indices)
-        if self.labels is None:
-            return self.images[index]
-        return self.images[index], self.labels[index]  # (B, H, W) uint8, (B,) int64
-
-
-def keep_batch(batch: Any) -> Any:
-    """Collate function for ``InMemoryDataset``: ``__getitems__`` already returns the batch, (images (B, C, H, W),
-    labels (B,)) or images alone."""
-    return batch
-
-
-def random_shift_rotate(
-    x: Tensor, max_shift: float = 2.0, max_degrees: float = 10.0, background: float = -MEAN / STD
-) -> Tensor:
-    """Shift each image by up to ``max_shift`` pixels and rotate it by up to ``max_degrees``, on x's device.
-
-    Args:
-        x: Normalised images (B, C, H, W); the border is filled with the background value (pixel 0).
-        max_shift: Largest translation in pixels along each axis.
-        max_degrees: Largest rotation in degrees, either way.
-        background: The normalised value of a black pixel, used for the uncovered border.
-    """
-    b, _, h, w = x.shape
-    angle = (torch.rand(b, device=x.device) * 2 - 1) * math.radians(max_degrees)
-    # affine_grid works in [-1, 1] coordinates: one pixel is 2 / size.
-    shift = (torch.rand(b, 2, device=x.device) * 2 - 1) * max_shift * 2 / torch.tensor([w, h], device=x.device)
-    cos, sin = angle.cos(), angle.sin()
-    theta = torch.stack([torch.stack([cos, -sin, shift[:, 0]], 1), torch.stack([sin, cos, shift[:, 1]], 1)], 1)
-    grid = F.affine_grid(theta.to(x.dtype), list(x.shape), align_corners=False)
-    return F.grid_sample(x - background, grid, align_corners=False, padding_mode="zeros") + background
 
 
 class MNISTDataModule(L.LightningDataModule):
@@ -288,45 +109,11 @@ class MNISTDataModule(L.LightningDataModule):
     def raw_dir(self) -> Path:
         return self.data_dir / self.torchvision_class.__name__ / "raw"
 
-    def _missing_files(self) -> list[str]:
-        return [name for name in IDX_FILES if not (self.raw_dir / name).is_file()]
-
-    def _missing_error(self, missing: list[str], why: str = "") -> MNISTDataError:
-        """The one error for absent files: which, where, why (if known), and how to provide them."""
-        where = f"{self.dataset} files missing from {self.raw_dir.resolve()}: {', '.join(missing)}"
-        remedy = how_to_provide(self.torchvision_class.__name__)
-        return MNISTDataError(f"{where}{'; ' + why if why else ''}. {remedy}")
-
     def prepare_data(self) -> None:
-        """Download missing files; when all four are there, touch nothing (the folder may be read-only)."""
+        """Download the files if any is missing (and ``download`` allows it); otherwise touch nothing."""
         if self.predict_dir is not None and self.trainer is not None and self.trainer.predicting:
             return  # predicting on the user's own images: MNIST is not needed
-        missing = self._missing_files()
-        if not missing:
-            return
-        error = "downloading is off (--data.download false)"
-        if self.download:
-            try:
-                self._download()
-            except Exception as exc:  # urllib, HTTP, checksum and permission errors all end here
-                error = f"the download failed: {type(exc).__name__}: {str(exc).strip().splitlines()[-1]}"
-            missing = self._missing_files()
-        if missing:
-            raise self._missing_error(missing, error)
-
-    def _download(self) -> None:
-        """Download into a temporary folder and move the files into ``raw_dir`` only once all four are there.
-
-        A failed download (offline, a mirror down) then leaves ``data_dir`` exactly as it was: no empty folders.
-        """
-        with tempfile.TemporaryDirectory(prefix="download-") as tmp:
-            self.torchvision_class(tmp, train=True, download=True)
-            self.torchvision_class(tmp, train=False, download=True)
-            fetched = Path(tmp) / self.torchvision_class.__name__ / "raw"
-            self.raw_dir.mkdir(parents=True, exist_ok=True)
-            for name in IDX_FILES:
-                if not (self.raw_dir / name).is_file():
-                    shutil.move(fetched / name, self.raw_dir / name)
+        ensure_files(self.torchvision_class, self.raw_dir, self.dataset, self.download)
 
     def setup(self, stage: str) -> None:
         """Check the files and build the datasets; runs on every process, before any training step."""
@@ -337,9 +124,7 @@ class MNISTDataModule(L.LightningDataModule):
                 raise MNISTDataError(f"data.predict_dir: no image in {self.predict_dir} could be decoded ({reasons}).")
             self.splits["predict"] = self._dataset(images, None)
             return
-        missing = self._missing_files()
-        if missing:  # prepare_data runs on one process per node only, so say it again here.
-            raise self._missing_error(missing)
+        check_files(self.raw_dir, self.dataset)  # prepare_data runs on one process per node only: check here too
         if stage in ("fit", "validate") or (stage == "predict" and self.predict_split != "test"):
             images, labels = load_split(self.raw_dir, "train")
             if self.num_folds is not None:

@@ -10,3 +10,10 @@ class UserError(Exception):
 
     Raise it, or a class that also derives from it (``DataError``, ``CheckpointError``), from any command.
     """
+
+
+class DataError(UserError, RuntimeError):
+    """Data a DataModule cannot use, named with the remedy: the console prints it as one line, no traceback.
+
+    Raise it (or a subclass) from a DataModule of your own for the same treatment.
+    """

@@ -1,4 +1,4 @@
-"""The optional hooks the template looks for on your own DataModule, logger or scheduler, declared in one place.
+"""The optional hooks the template looks for on your own DataModule, logger, scheduler or feature, in one place.
 
 Every hook is optional: an object without it works, and loses only what the hook gives. The template checks for a
 hook with ``isinstance(obj, Hook)`` (the classes below are ``typing.Protocol``\\ s, checked at run time by name),
@@ -6,8 +6,10 @@ so implement the methods or attributes as written here; subclassing is not neede
 when to write each.
 """
 
+import importlib
 from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # inputs imports the checkpoint helpers; a DataModule of yours need not import them to match
@@ -91,3 +93,30 @@ class FollowsTrainer(Protocol):
 
     follows_trainer: bool
     total_steps: int | None
+
+
+# --- on a feature: a folder of the package, its __init__.py -------------------------------------------------------
+
+
+@runtime_checkable
+class HasCommand(Protocol):
+    """A feature with a command of its own, named after its folder and described by the first line of its
+    ``__init__.py``'s docstring. Import the heavy modules inside ``main``, not above it: ``--help`` stays fast."""
+
+    def main(self, argv: list[str]) -> Any: ...
+
+
+@runtime_checkable
+class AddsCallbackKeys(Protocol):
+    """A feature whose callbacks get top-level config keys of their own, like the core's ``checkpoint`` and
+    ``early_stopping`` (``--pruning.sparsity 0.9``, ``pruning: null``): key -> import path of the base class."""
+
+    CALLBACK_KEYS: dict[str, str]
+
+
+def features() -> list[ModuleType]:
+    """The features present: each folder of the package with an ``__init__.py``, imported (it is light). Delete a
+    folder and whatever it declared is gone, with no edit elsewhere."""
+    package = Path(__file__).parent
+    inits = sorted(package.glob("*/__init__.py"))
+    return [importlib.import_module(f"{__package__}.{init.parent.name}") for init in inits]

@@ -1,6 +1,6 @@
 """What a checkpoint's model expects of an image, written into the checkpoint: one contract for every consumer.
 
-Each DataModule states it (``input_contract()``, declared in ``hooks.py``), the LightningModule writes it
+Each DataModule states it (``input_contract()``, declared in ``hooks.py``), ``KeepInputContract`` writes it
 into every checkpoint (``checkpoint["input"]``), and everything that takes a raw image or a model out of training
 reads it from there: ``predict --data.predict_dir``, and each feature that converts or answers with a model (docs/
 names them). Nothing guesses it from a dataset's name. A DataModule of your own gets the same treatment by defining
@@ -137,12 +137,6 @@ def datamodule_of(trainer: L.Trainer) -> L.LightningDataModule | None:
     return getattr(trainer, "datamodule", None)
 
 
-def save_contract(trainer: L.Trainer, checkpoint: dict[str, Any]) -> None:
-    """Write the trainer's DataModule's contract into ``checkpoint`` (from ``LightningModule.on_save_checkpoint``)."""
-    if (contract := stated_contract(datamodule_of(trainer))) is not None:
-        checkpoint[KEY] = contract.to_dict()
-
-
 def example_input(trainer: L.Trainer) -> Tensor | None:
     """One zero image (1, C, H, W) of the shape the trainer's DataModule states, or None if it states none."""
     if (contract := stated_contract(datamodule_of(trainer))) is None:
@@ -150,12 +144,19 @@ def example_input(trainer: L.Trainer) -> Tensor | None:
     return torch.zeros(1, contract.channels, contract.size, contract.size)
 
 
-def restore_contract(trainer: L.Trainer, checkpoint: dict[str, Any]) -> None:
-    """Hand a checkpoint's contract to the trainer's DataModule (``load_input_contract``), so that resuming, testing
-    and predicting prepare and normalise images as the checkpoint's training did."""
-    datamodule = datamodule_of(trainer)
-    if isinstance(datamodule, TakesInputContract) and isinstance(checkpoint.get(KEY), dict):
-        datamodule.load_input_contract(InputContract.from_dict(checkpoint[KEY]))
+class KeepInputContract(L.Callback):
+    """Write the DataModule's contract into every checkpoint (``checkpoint["input"]``), and hand a loaded
+    checkpoint's contract back to the DataModule (``load_input_contract``): resuming, testing and predicting then
+    prepare and normalise images as the checkpoint's training did."""
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        if (contract := stated_contract(datamodule_of(trainer))) is not None:
+            checkpoint[KEY] = contract.to_dict()
+
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        datamodule = datamodule_of(trainer)
+        if isinstance(datamodule, TakesInputContract) and KEY in checkpoint:  # a malformed one: named, with the file
+            datamodule.load_input_contract(read_contract(checkpoint, trainer.ckpt_path or "the checkpoint"))
 
 
 class InputMismatch(UserError, ValueError):

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 import yaml
+from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningArgumentParser
 
 from project.errors import UserError
@@ -153,3 +154,11 @@ class SuggestingParser(LightningArgumentParser):
             if hints:
                 message = f"{message}\n" + "\n".join(hints)
         return super().error(message, ex)
+
+
+def bad_learning_rate(config: Namespace) -> str | None:
+    """What is wrong with ``model.optimizer``'s learning rate, if it is not > 0: said before any run folder is made
+    (torch's optimizers say it only once the model is built)."""
+    optimizer = config.model.get("optimizer")
+    lr = optimizer.get("init_args", Namespace()).get("lr") if isinstance(optimizer, Namespace) else None
+    return f"model.optimizer.init_args.lr must be > 0, got {lr}." if isinstance(lr, (int, float)) and lr <= 0 else None

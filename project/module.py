@@ -14,7 +14,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from project.checkpointing import CheckpointError, load_checkpoint
 from project.errors import UserError
 from project.hooks import FollowsTrainer, Monitors, StepsEvery
-from project.inputs import example_input, restore_contract, save_contract
+from project.inputs import example_input
 from project.net import CNN
 
 Batch = tuple[Tensor, Tensor]
@@ -176,27 +176,11 @@ class MNISTClassifier(L.LightningModule):
             # In place: unlike `torch.compile(net)` this adds no `_orig_mod.` prefix to the state dict.
             self.net.compile()
 
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        # Lightning does not keep RNG states; without them a resumed run draws other shuffles and augmentations.
-        checkpoint["rng_states"] = {"torch": torch.get_rng_state()}
-        if torch.cuda.is_available():
-            checkpoint["rng_states"]["cuda"] = torch.cuda.get_rng_state_all()
-        save_contract(self.trainer, checkpoint)  # what an input must be: project.inputs
-
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         saved_net = checkpoint.get("hyper_parameters", {}).get("net")
         if isinstance(saved_net, dict) and isinstance(self.hparams.get("net"), nn.Module):
             # Keep hparams serialisable (a config, not a pickled module) for the next checkpoint.
-            self.hparams["net"] = saved_net  # what the next checkpoint saves
-        trainer = self.attached_trainer()
-        if trainer is None:
-            return  # load_from_checkpoint for inference: leave the caller's random state alone
-        restore_contract(trainer, checkpoint)
-        states = checkpoint.get("rng_states", {})
-        if "torch" in states:
-            torch.set_rng_state(states["torch"])
-        if "cuda" in states and torch.cuda.is_available() and len(states["cuda"]) == torch.cuda.device_count():
-            torch.cuda.set_rng_state_all(states["cuda"])
+            self.hparams["net"] = saved_net
 
     def _shared_step(self, batch: Batch, stage: str) -> tuple[Tensor, Tensor]:
         """Loss and logits (B, C) of one batch, added to the stage's epoch loss and accuracy."""
@@ -219,10 +203,3 @@ class MNISTClassifier(L.LightningModule):
         # Lightning computes logged Metric objects (synced across DDP ranks) at the end of the epoch, then resets them.
         self.log(f"{stage}/loss", getattr(self, f"{stage}_loss"), prog_bar=True)
         self.log(f"{stage}/acc", getattr(self, f"{stage}_acc"), prog_bar=True)
-
-    def attached_trainer(self) -> L.Trainer | None:
-        """The Trainer this module runs in, or None (``load_from_checkpoint`` for inference)."""
-        try:
-            return self.trainer
-        except RuntimeError:  # Lightning's "is not attached to a `Trainer`"
-            return None

@@ -1,6 +1,7 @@
 """Run folders: where a command writes, what ``--ckpt_path last/best/auto`` name, and what a failed command leaves.
 
-Not on the reading path: ``cli.py`` calls these from LightningCLI's public hooks. The layout they keep:
+Not on the reading path: ``cli.py``'s ``CLI`` derives from ``RunFolderCLI`` below, which calls these from
+LightningCLI's public hooks. The layout they keep:
 ``<save_dir>/<name>/<version>/`` per run (TensorBoard's), ``checkpoints/`` inside it, and ``eval/<command>_<n>/``
 inside it for each validate / test / predict of one of its checkpoints, with that command's config and
 ``metrics.json``.
@@ -10,12 +11,14 @@ import importlib
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import yaml
 from jsonargparse import Namespace
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ProgressBar
-from lightning.pytorch.cli import SaveConfigCallback
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
@@ -28,7 +31,9 @@ from project.checkpointing import (
     last_checkpoints,
     load_checkpoint,
 )
+from project.errors import UserError
 from project.hooks import Finishes, LogsConfig, UsesRunFolder
+from project.mistakes import TrainerConfigError, bad_learning_rate, explain_trainer_error, raised_by_lightning
 from project.visuals import TensorBoardImages
 from project.writer import first_free, free_path, numbered
 
@@ -46,11 +51,16 @@ def is_rank_zero() -> bool:
     return rank_zero_only.rank == 0  # type: ignore[attr-defined]
 
 
+def import_class(path: str) -> type:
+    """The class ``module.Class`` names, imported."""
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
 def resolve(class_path: str) -> type | None:
     """The class a config's ``class_path`` names, or None if it cannot be imported (jsonargparse will say why)."""
-    module, _, name = class_path.rpartition(".")
     try:
-        return getattr(importlib.import_module(module), name)
+        return import_class(class_path)
     except (ImportError, AttributeError, ValueError):
         return None
 
@@ -231,19 +241,24 @@ def hparams_summary(trainer: L.Trainer, model: L.LightningModule, data: L.Lightn
             logger.experiment.flush()  # the Trainer has finalised the logger already: write it now
 
 
-def ignored_model_keys(given: Namespace, model: Namespace, argv: list[str], runtime: tuple[str, ...]) -> list[str]:
-    """The ``--model.*`` options of ``argv`` that a checkpoint's hyperparameters (``model``) overrode, as
-    ``--key``; those in ``runtime`` (how the network runs, not what it is) are put back from ``given``."""
+def warn_ignored_model_keys(given: Namespace, config: Namespace, argv: list[str], runtime: tuple[str, ...]) -> None:
+    """Say which ``--model.*`` options of ``argv`` lost to the hyperparameters of ``config.ckpt_path``'s checkpoint
+    (``config.model``, rebuilt from them); those in ``runtime`` (how the network runs, not what it is) win."""
     ignored = []
     for key in command_line_keys(argv, "model."):
         top = key.split(".")[1]  # compare the whole argument: `model.net.hidden` is shorthand for init_args
-        if top not in given or given.get(top) == model.get(top):
+        if top not in given or given.get(top) == config.model.get(top):
             continue
         if top in runtime:
-            model[top] = given[top]
+            config.model[top] = given[top]
         else:
             ignored.append(f"--{key}")
-    return ignored
+    if ignored:
+        rank_zero_info(
+            f"Warning: ignored {', '.join(ignored)}: the model is rebuilt from the hyperparameters saved in "
+            f"{config.ckpt_path}, which describe the trained network. To train another one, use fit without "
+            "--ckpt_path (or with --model.init_from <ckpt> ... to start from its weights)."
+        )
 
 
 def share_run_folder(trainer: L.Trainer) -> None:
@@ -261,3 +276,102 @@ def finish_loggers(trainer: L.Trainer) -> None:
     for logger in trainer.loggers:
         if isinstance(logger, Finishes):
             logger.finish()
+
+
+# Model arguments that change how the network runs, not what it is: a command-line value beats the checkpoint's.
+RUNTIME_MODEL_KEYS = ("compile", "channels_last")
+
+
+class RunFolderCLI(LightningCLI):
+    """LightningCLI that keeps the run folders and says what went wrong, through its public hooks.
+
+    ``--ckpt_path last/best/auto`` are resolved; a resumed run continues in its own folder; an evaluation writes
+    into ``<run>/eval/<command>_<n>/`` with ``metrics.json``; a folder made by a command that bad input stopped is
+    removed; a checkpoint's hyperparameters beat ``--model.*`` options, and the user is told which; a Trainer option
+    this machine cannot run, a bad value and a learning rate <= 0 are one line each. ``named_callbacks`` (set by the
+    subclass while it builds the parser) are the top-level callback keys (``--early_stopping null``).
+
+    Args:
+        argv: The command and its options, as given (LightningCLI's ``args``).
+        run_folder: The run's ``(name, version)`` under the logger's ``save_dir``, whatever the config says.
+    """
+
+    def __init__(self, *args: Any, argv: list[str], run_folder: tuple[str, str] | None = None, **kwargs: Any) -> None:
+        self.argv = argv
+        self.run_folder = run_folder
+        self.named_callbacks: dict[str, type] = {}
+        self.new_folder: Path | None = None  # the folder this command makes, removed if bad input stops it
+        self.given_model = Namespace()  # the model options before a checkpoint's hyperparameters replace them
+        try:
+            super().__init__(*args, **kwargs)
+        except UserError:
+            forget_failed_folder(self.new_folder)
+            raise
+
+    def subcommands(self) -> dict[str, set[str]]:  # type: ignore[override]
+        """Only the subcommand being run gets a parser: building all four costs ~0.4 s per command."""
+        every = LightningCLI.subcommands()
+        return {self.argv[0]: every[self.argv[0]]} if self.argv and self.argv[0] in every else every
+
+    def evaluating_a_checkpoint(self) -> bool:
+        """validate, test or predict of a ``--ckpt_path``: the model is the checkpoint's, not the data's."""
+        return self.argv[:1] in (["validate"], ["test"], ["predict"]) and bool(
+            command_line_keys(self.argv, "ckpt_path")
+        )
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        super().parse_arguments(parser, args)
+        subcommand = self.config.get("subcommand")
+        if subcommand is None:
+            return
+        config = self.config[subcommand]
+        logger = run_logger(config)
+        if self.run_folder is not None and logger is not None:  # before the checkpoint check, which compares folders
+            logger.init_args.name, logger.init_args.version = self.run_folder
+        try:
+            resolve_checkpoint(config, subcommand)
+        except CheckpointError as exc:
+            parser.error(str(exc))
+        self.given_model = config.model.clone()
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        if config.get("ckpt_path"):  # LightningCLI has rebuilt the model from the checkpoint's hyperparameters
+            warn_ignored_model_keys(self.given_model, config, self.argv, RUNTIME_MODEL_KEYS)
+        if problem := bad_learning_rate(config):
+            self.parser.error(problem)
+        dropped = drop_callbacks_of_switched_off_features(config, list(self.named_callbacks))
+        if dropped:
+            rank_zero_info("Switched off with their feature: " + "; ".join(dropped) + ".")
+        if config.trainer.get("logger") is False:
+            self.save_config_callback = None
+
+    def instantiate_classes(self) -> None:
+        try:
+            super().instantiate_classes()
+        except ValueError as exc:  # a bad value in the config: say which, without a traceback
+            self.parser.error(str(exc))
+
+    def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
+        config = self.config_init[self.subcommand] if self.subcommand else self.config_init
+        named = [config.get(key) for key in self.named_callbacks]  # `--early_stopping null`: absent, not None
+        kwargs["callbacks"] = [*(config.trainer.get("callbacks") or []), *(c for c in named if c is not None)]
+        try:
+            trainer = super().instantiate_trainer(**kwargs)
+        except (MisconfigurationException, ModuleNotFoundError, TypeError) as exc:
+            # Lightning's connector says a device, strategy or precision is not available with a 30-line traceback;
+            # the user gave the option, so name it. Errors raised elsewhere (our code, a bug) keep their traceback.
+            if not isinstance(exc, MisconfigurationException) and not raised_by_lightning(exc):
+                raise
+            raise TrainerConfigError(explain_trainer_error(exc, {**config.trainer, **kwargs}, self.argv)) from exc
+        if trainer.log_dir is not None and not Path(trainer.log_dir).exists():
+            self.new_folder = Path(trainer.log_dir)
+        if self.subcommand is not None:
+            share_run_folder(trainer)
+        return trainer
+
+    def after_validate(self) -> None:
+        write_metrics(self.trainer)
+
+    def after_test(self) -> None:
+        write_metrics(self.trainer)

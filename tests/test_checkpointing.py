@@ -14,7 +14,7 @@ import torch
 
 from project.__main__ import cli_main
 from project.checkpointing import AtomicCheckpointIO, load_checkpoint
-from project.data import MNISTDataError
+from project.mnist_files import MNISTDataError
 from tests.conftest import DEFAULT_CONFIG, ROOT
 
 

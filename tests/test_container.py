@@ -83,7 +83,7 @@ def request(url: str, data: bytes | None = None, headers: dict[str, str] | None 
 
 
 def test_container_serve_answers_a_test_digit_behind_its_key_stays_healthy_and_stops_on_sigterm(images, mnist_ckpt):
-    from project.data import load_split
+    from project.mnist_files import load_split
 
     images_, labels = load_split(Path(os.environ["PATH_DATASETS"]) / "MNIST" / "raw", "t10k")
     png = io.BytesIO()

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from project.__main__ import cli_main
-from project.data import MNISTDataModule, load_split
+from project.data import MNISTDataModule
+from project.mnist_files import load_split
 from tests.conftest import ROOT, small_run
 
 

@@ -5,7 +5,8 @@ import pytest
 import torch
 from torchvision.datasets import MNIST
 
-from project.data import DATASETS, IDX_FILES, MEAN, STD, MNISTDataError, MNISTDataModule
+from project.data import DATASETS, MEAN, STD, MNISTDataModule
+from project.mnist_files import IDX_FILES, MNISTDataError
 from tests.conftest import N_TEST, N_TRAIN
 
 
@@ -91,7 +92,7 @@ def test_in_memory_loader_shards_under_distributed_sampler(mnist_dir):
 def test_augmentation_only_in_training(mnist_dir):
     from types import SimpleNamespace
 
-    from project.data import MEAN, STD, random_shift_rotate
+    from project.batches import random_shift_rotate
     from project.images import normalize
 
     torch.manual_seed(0)

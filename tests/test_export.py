@@ -175,8 +175,9 @@ def test_all_layers_quantizes_the_first_convolution_too(checkpoint, mnist_dir, t
 
 
 def test_calibration_reads_training_images_only(checkpoint, mnist_dir):
-    from project.data import MEAN, STD, load_split
+    from project.data import MEAN, STD
     from project.images import normalize
+    from project.mnist_files import load_split
 
     images = check_set(checkpoint, mnist_dir).calibration(50)
     train, _ = load_split(mnist_dir / "MNIST" / "raw", "train")
@@ -251,7 +252,7 @@ def test_a_folder_model_exports_verified_on_its_own_images_with_its_own_contract
 
 
 def test_export_names_an_argument_the_datamodule_does_not_take(rgb_folder_ckpt, tmp_path):
-    from project.data import DataError
+    from project.errors import DataError
 
     ckpt, _ = rgb_folder_ckpt
     with pytest.raises(DataError, match=r"--data data_dir: ImageFolderDataModule takes none of these.*root"):

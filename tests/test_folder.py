@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from project.__main__ import cli_main
-from project.data import DataError
+from project.errors import DataError
 from project.folder.data import FileDataset, FolderDataError, ImageFolderDataModule
 from tests.conftest import CLASSES, ROOT, new_images, predict_folder, write_classes
 

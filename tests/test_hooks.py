@@ -73,3 +73,28 @@ def test_predict_files_are_read_by_the_hook_from_any_object():
         predict_failures = ((Path("b.png"), "not an image"),)
 
     assert isinstance(Named(), NamesPredictInputs) and not isinstance(Contracted(), NamesPredictInputs)
+
+
+def test_a_features_callback_keys_are_top_level_keys_that_go_with_its_folder(monkeypatch, capsys):
+    """A feature declares its callbacks' keys in its __init__.py (hooks.AddsCallbackKeys, e.g. `pruning`); the CLI
+    adds them while the folder is there, and without it the key is unknown."""
+    import types
+
+    import pytest
+
+    import project.cli
+    from project.__main__ import cli_main
+    from project.hooks import AddsCallbackKeys
+
+    mine = types.ModuleType("mine")
+    mine.CALLBACK_KEYS = {"swa": "lightning.pytorch.callbacks.StochasticWeightAveraging"}  # type: ignore[attr-defined]
+    assert isinstance(mine, AddsCallbackKeys)
+    args = ["fit", "--swa=lightning.pytorch.callbacks.StochasticWeightAveraging", "--swa.swa_lrs=0.01"]
+    monkeypatch.setattr(project.cli, "features", lambda: [mine])
+    with pytest.raises(SystemExit) as info:
+        cli_main([*args, "--print_config"])
+    assert info.value.code == 0 and "swa_lrs: 0.01" in capsys.readouterr().out
+    monkeypatch.setattr(project.cli, "features", lambda: [])  # the folder deleted
+    with pytest.raises(SystemExit) as info:
+        cli_main([*args, "--print_config"])
+    assert info.value.code == 2 and "--swa" in capsys.readouterr().err

@@ -8,8 +8,9 @@ import pytest
 import torch
 from PIL import Image, ImageDraw
 
-from project.data import MNISTDataError, MNISTDataModule, load_split
+from project.data import MNISTDataModule
 from project.images import load_folder, mnist_style, prepare_image
+from project.mnist_files import MNISTDataError, load_split
 
 
 def drawn_seven(size: tuple[int, int] = (64, 64), dark_on_light: bool = True, mode: str = "RGB") -> Image.Image:

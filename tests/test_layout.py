@@ -82,3 +82,30 @@ def test_the_pre_commit_hooks_run_the_linters_make_lint_runs_from_the_projects_o
     assert not any(name in hook for hook in remote for name in ("ruff", "mypy")), remote
     hooked = {" ".join(h["entry"].split()[:2]) for h in local.values() if h["language"] == "system"}
     assert tools <= hooked, f"make lint runs {sorted(tools)}; the local hooks run {sorted(hooked)}"
+
+
+def public_names(path: Path) -> list[str]:
+    """The public names a module defines at its top level: functions, classes and constants."""
+    names = []
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.FunctionDef | ast.ClassDef):
+            names.append(node.name)
+        elif isinstance(node, ast.Assign):
+            names += [target.id for target in node.targets if isinstance(target, ast.Name)]
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.append(node.target.id)
+    return [name for name in names if not name.startswith("_")]
+
+
+def test_every_public_name_of_the_core_is_used_by_the_core_or_its_configs():
+    """The reverse of the feature rule: a name the core defines only for a feature belongs in that feature."""
+    core = {path: path.read_text() for path in sorted(PACKAGE.glob("*.py"))}
+    configs = " ".join(path.read_text() for path in sorted((ROOT / "configs").glob("*.yaml")))
+    unused = []
+    for path, text in core.items():
+        for name in public_names(path):
+            used = re.compile(rf"(?<![\w.]){re.escape(name)}\b|\.{re.escape(name)}\b")
+            elsewhere = any(used.search(other) for other_path, other in core.items() if other_path != path)
+            if len(used.findall(text)) <= 1 and not elsewhere and f"{path.stem}.{name}" not in configs:
+                unused.append(f"{path.name}:{name}")
+    assert not unused, f"core names used by no core module or config (move them to their feature): {unused}"

@@ -361,7 +361,7 @@ def shown(driver, answers: int) -> dict:
 
 @pytest.mark.slow  # one epoch on the real MNIST, a server and a browser: ~40 s
 def test_the_page_in_a_real_browser_draws_drops_clears_and_shows_the_blank_message(mnist_ckpt, tmp_path):
-    from project.data import load_split
+    from project.mnist_files import load_split
 
     with browser() as driver:
         proc, url = start_server(f"--ckpt_path={mnist_ckpt}", "--workers=1")

@@ -5,6 +5,9 @@ The ``export`` command (``convert.py``) and the pruning callback whose sparse we
 ``tests/test_compression.py``, its benchmark ``benchmarks/inference.py``.
 """
 
+# The pruning callback is a top-level key of its own (hooks.AddsCallbackKeys): `--pruning.sparsity 0.9`.
+CALLBACK_KEYS = {"pruning": "lightning.pytorch.callbacks.ModelPruning"}
+
 
 def main(argv: list[str] | None = None) -> object:
     """Run the command: its heavy imports happen only now, once the command is known."""

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Subset
 
-from project.data import DataError
+from project.errors import DataError
 from project.hooks import TakesInputContract
 from project.inputs import InputContract
 from project.runs import resolve

@@ -9,7 +9,9 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from project.data import DataError, InMemoryDataset, check_folds, fold_indices, keep_batch, random_shift_rotate
+from project.batches import InMemoryDataset, keep_batch, random_shift_rotate
+from project.cv import check_folds, fold_indices
+from project.errors import DataError
 from project.images import IMAGE_SUFFIXES, list_files, normalize, prepare_resized
 from project.inputs import InputContract
 

@@ -29,6 +29,7 @@ import yaml
 
 from project.console import HelpFormatter
 from project.errors import UserError
+from project.monitors import MetricHistory
 
 try:
     import optuna
@@ -253,8 +254,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-class Tracker(L.Callback):
-    """The trial's metric after each validation, and its HParams entry in TensorBoard, pruned or not.
+class Tracker(MetricHistory):
+    """The trial's metric after each epoch's validation, and its HParams entry in TensorBoard, pruned or not.
 
     Args:
         metric: The logged metric the trial is judged on (``val/acc``).
@@ -263,19 +264,15 @@ class Tracker(L.Callback):
     """
 
     def __init__(self, metric: str, direction: str, params: dict[str, Any]) -> None:
+        super().__init__([metric])
         self.metric, self.direction, self.params = metric, direction, params
-        self.values: list[float] = []
 
     @property
     def best(self) -> float | None:
-        if not self.values:
+        values = self.values(self.metric)
+        if not values:
             return None
-        return max(self.values) if self.direction == "maximize" else min(self.values)
-
-    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        value = trainer.callback_metrics.get(self.metric)
-        if not trainer.sanity_checking and value is not None:
-            self.values.append(float(value))
+        return max(values) if self.direction == "maximize" else min(values)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         # A pruned trial never reaches the CLI's after_fit, which writes the HParams entry: write it here.
@@ -347,7 +344,7 @@ def tune(args: argparse.Namespace, fit_args: list[str]) -> tuple[optuna.Study, P
         try:
             run(argv, callbacks=[tracker, PyTorchLightningPruningCallback(trial, monitor=args.metric)])
         finally:
-            trial.set_user_attr("epochs", len(tracker.values))
+            trial.set_user_attr("epochs", len(tracker.epochs))
         if tracker.best is None or math.isnan(tracker.best):
             raise RuntimeError(f"trial {trial.number} logged no {args.metric}: is it the name of a logged metric?")
         return tracker.best

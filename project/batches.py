@@ -65,16 +65,15 @@ class PILImageDataset(Dataset):
         return x if self.labels is None else (x, int(self.labels[index]))
 
 
-def random_shift_rotate(
-    x: Tensor, max_shift: float = 2.0, max_degrees: float = 10.0, background: float = -0.1307 / 0.3081
-) -> Tensor:
+def random_shift_rotate(x: Tensor, *, background: float, max_shift: float = 2.0, max_degrees: float = 10.0) -> Tensor:
     """Shift each image by up to ``max_shift`` pixels and rotate it by up to ``max_degrees``, on x's device.
 
     Args:
         x: Normalised images (B, C, H, W); the border is filled with the background value (pixel 0).
+        background: The normalised value of a black pixel, used for the uncovered border (the DataModule's
+            ``-mean / std``: it owns the statistics).
         max_shift: Largest translation in pixels along each axis.
         max_degrees: Largest rotation in degrees, either way.
-        background: The normalised value of a black pixel, used for the uncovered border.
     """
     b, _, h, w = x.shape
     angle = (torch.rand(b, device=x.device) * 2 - 1) * math.radians(max_degrees)

@@ -99,7 +99,7 @@ def test_augmentation_only_in_training(mnist_dir):
     images = torch.zeros(8, 28, 28, dtype=torch.uint8)
     images[:, 10:18, 10:18] = 255
     x = normalize(images.unsqueeze(1), (MEAN,), (STD,))
-    moved = random_shift_rotate(x)
+    moved = random_shift_rotate(x, background=-MEAN / STD)
     assert moved.shape == x.shape and not torch.equal(moved, x)
     # The background stays the background value; the digit keeps about its mass.
     assert moved[:, :, 0, 0].allclose(torch.tensor(-MEAN / STD))

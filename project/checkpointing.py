@@ -308,3 +308,77 @@ class RandomState(L.Callback):
             torch.set_rng_state(states["torch"])
         if "cuda" in states and torch.cuda.is_available() and len(states["cuda"]) == torch.cuda.device_count():
             torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def load_weights(module: torch.nn.Module, path: str) -> None:
+    """Start ``module`` from the weights of the checkpoint ``path`` (fine-tuning), through the safe loader.
+
+    Raises:
+        CheckpointError: naming ``path``, when it is not a safe checkpoint or its weights do not fit ``module``.
+    """
+    try:
+        module.load_state_dict(load_checkpoint(path)["state_dict"])
+    except RuntimeError as exc:
+        raise CheckpointError(
+            f"model.init_from {path}: its weights do not fit this network ({str(exc).splitlines()[0]}). "
+            "Use the same model.net settings as the run that wrote it."
+        ) from exc
+    rank_zero_info(f"Starting from the weights of {path} (a new run: fresh optimizer and schedule).")
+
+
+class NonFiniteLoss(UserError, FloatingPointError):
+    """The training loss became NaN or inf: the message names the step and the likely causes."""
+
+
+class StopOnNonFiniteLoss(L.Callback):
+    """Stop ``fit`` at a NaN/inf training loss, naming its step, and never save a checkpoint after one.
+
+    On a CPU each loss is read before its backward pass: no weight ever becomes NaN. On a GPU reading a loss waits
+    for the device, so the losses are kept there and read together every ``check_every_n_steps`` steps, at the end
+    of training and before every checkpoint save (the error names the first bad step all the same).
+
+    Args:
+        check_every_n_steps: Read the losses every this many steps; ``None``: 1 on a CPU, else the Trainer's
+            ``log_every_n_steps`` (when the loggers wait for the device anyway).
+    """
+
+    def __init__(self, check_every_n_steps: int | None = None) -> None:
+        self.check_every_n_steps = check_every_n_steps
+        self.batch_idx = 0
+        self.losses: list[torch.Tensor] = []  # detached, on their device, not read yet
+        self.steps: list[tuple[int, int, int]] = []  # (global step, epoch, batch) of each
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int) -> None:
+        self.batch_idx = idx
+
+    def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
+        self.losses.append(loss.detach())
+        self.steps.append((trainer.global_step, trainer.current_epoch, self.batch_idx))
+        logged = trainer.log_every_n_steps  # type: ignore[attr-defined]  # set by Lightning, declared nowhere
+        every = self.check_every_n_steps or (1 if loss.device.type == "cpu" else logged)
+        if len(self.losses) >= max(1, every):
+            self.check()
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.check()
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        self.check()  # before the file is written: weights after a bad loss are never saved
+
+    def check(self) -> None:
+        """Read the kept losses (one wait for the device); raise ``NonFiniteLoss`` at the first that is not finite."""
+        if not self.losses:
+            return
+        values = torch.stack(self.losses).float().cpu()
+        steps, self.losses, self.steps = self.steps, [], []
+        bad = (~torch.isfinite(values)).nonzero()
+        if len(bad) == 0:
+            return
+        first = int(bad[0])
+        step, epoch, batch = steps[first]
+        raise NonFiniteLoss(
+            f"train/loss is {values[first].item()} at global step {step} (epoch {epoch}, batch {batch}). Likely "
+            "causes: a learning rate too high (model.optimizer.init_args.lr), no gradient clipping "
+            "(trainer.gradient_clip_val), or bad input data (NaN/inf pixels or labels out of range). Training "
+            "stopped; no checkpoint was written after that step."
+        )

@@ -7,7 +7,7 @@ from typing import Any, Literal
 import lightning as L
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset, Subset, random_split
+from torch.utils.data import DataLoader, Dataset, Subset
 from torchvision import transforms
 from torchvision.datasets import KMNIST, MNIST, FashionMNIST
 
@@ -18,8 +18,7 @@ from project.inputs import InputContract
 from project.mnist_files import MNISTDataError, check_files, ensure_files, load_split
 
 MEAN, STD = 0.1307, 0.3081
-# Same IDX format, same 28x28 greyscale, 10 classes: the torchvision class (which names the folder
-# <data_dir>/<class name>/raw/ and downloads it), and the training set's pixel mean and std.
+# Same IDX files, 28x28 greyscale, 10 classes: torchvision's class (folder <class name>/raw/), training mean, std.
 DATASETS: dict[str, tuple[type[MNIST], float, float]] = {
     "mnist": (MNIST, MEAN, STD),
     "fashion_mnist": (FashionMNIST, 0.2860, 0.3530),
@@ -38,18 +37,17 @@ class MNISTDataModule(L.LightningDataModule):
         pin_memory: Pin host memory for faster copies to a GPU.
         val_size: Images held out of the 60k training set for validation (unless ``num_folds`` is set).
         seed: Seed of the train/val split (independent of the global seed).
-        num_folds: Split the training set into this many stratified, seeded, disjoint parts and validate on part
-            ``fold`` (``python -m project cv`` runs them all); ``None``: hold out ``val_size`` images.
+        num_folds: Validate on part ``fold`` of this many stratified, seeded parts (the ``cv`` command).
         fold: Which part validates, ``0`` to ``num_folds - 1``.
         predict_split: Which split ``predict`` runs on.
         download: Download the files in ``prepare_data`` when they are missing.
-        in_memory: Keep the images as one uint8 tensor, gather whole batches and normalise them on the target
-            device (fast); ``False`` uses the per-image PIL + torchvision transform path.
+        in_memory: One uint8 tensor, whole batches normalised on the device (fast); ``False``: per-image PIL.
         augment: Random shifts (±2 px) and rotations (±10°) of training batches, on the device.
-        predict_dir: A folder of PNG/JPEG/BMP/GIF/WebP/TIFF digit images for ``predict``, made MNIST-like (see
-            ``project.images``); files that cannot be decoded are reported and skipped. Overrides
-            ``predict_split``.
+        predict_dir: A folder of your own digit images for ``predict``, made MNIST-like (``images.py``);
+            undecodable files are reported and skipped. Overrides ``predict_split``.
     """
+
+    num_classes = 10  # each of DATASETS; linked to model.num_classes by the CLI
 
     def __init__(
         self,
@@ -80,25 +78,14 @@ class MNISTDataModule(L.LightningDataModule):
         self.data_dir = Path(data_dir if data_dir is not None else os.environ.get("PATH_DATASETS", "data"))
         self.dataset = dataset
         self.torchvision_class, self.mean, self.std = DATASETS[dataset]
-        self.batch_size = batch_size
-        self.num_workers = num_workers
-        self.pin_memory = pin_memory
-        self.val_size = val_size
-        self.seed = seed
-        self.num_folds, self.fold = num_folds, fold
-        self.predict_split = predict_split
-        self.download = download
-        self.in_memory = in_memory
-        self.augment = augment
+        self.batch_size, self.num_workers, self.pin_memory = batch_size, num_workers, pin_memory
+        self.val_size, self.seed, self.num_folds, self.fold = val_size, seed, num_folds, fold
+        self.predict_split, self.download, self.in_memory, self.augment = predict_split, download, in_memory, augment
         self.predict_dir = Path(predict_dir) if predict_dir is not None else None
         # Set by setup("predict") with predict_dir: the image of each prediction, and the undecodable files.
         self.predict_files: list[Path] = []
         self.predict_failures: list[tuple[Path, str]] = []
         self.splits: dict[str, Dataset] = {}
-
-    @property
-    def num_classes(self) -> int:
-        return 10
 
     @property
     def class_names(self) -> list[str]:
@@ -119,9 +106,6 @@ class MNISTDataModule(L.LightningDataModule):
         """Check the files and build the datasets; runs on every process, before any training step."""
         if stage == "predict" and self.predict_dir is not None:
             self.predict_files, images, self.predict_failures = load_folder(self.predict_dir)
-            if not self.predict_files:
-                reasons = "; ".join(f"{path.name}: {reason}" for path, reason in self.predict_failures)
-                raise MNISTDataError(f"data.predict_dir: no image in {self.predict_dir} could be decoded ({reasons}).")
             self.splits["predict"] = self._dataset(images, None)
             return
         check_files(self.raw_dir, self.dataset)  # prepare_data runs on one process per node only: check here too
@@ -129,28 +113,24 @@ class MNISTDataModule(L.LightningDataModule):
             images, labels = load_split(self.raw_dir, "train")
             if self.num_folds is not None:
                 train, val = fold_indices(labels, self.num_folds, self.fold, self.seed, self.class_names)
-                full = self._dataset(images, labels)
-                self.splits.update(train=Subset(full, train.tolist()), val=Subset(full, val.tolist()))
             elif not 0 < self.val_size < len(images):
                 raise MNISTDataError(
                     f"data.val_size={self.val_size} must be between 1 and {len(images) - 1} "
                     f"(the training set in {self.raw_dir} has {len(images)} images)."
                 )
-            else:
-                full = self._dataset(images, labels)
-                generator = torch.Generator().manual_seed(self.seed)
-                parts = random_split(full, [len(full) - self.val_size, self.val_size], generator=generator)
-                self.splits.update(train=parts[0], val=parts[1])
+            else:  # the last val_size of a seeded permutation, as torch's random_split takes them
+                order = torch.randperm(len(images), generator=torch.Generator().manual_seed(self.seed))
+                train, val = order[: -self.val_size], order[-self.val_size :]
+            full = self._dataset(images, labels)
+            self.splits.update(train=Subset(full, train.tolist()), val=Subset(full, val.tolist()))
         if stage in ("test", "predict"):
             self.splits["test"] = self._dataset(*load_split(self.raw_dir, "t10k"))
 
-    @property
-    def transform(self) -> transforms.Compose:
-        """The per-image path's torchvision transform (``in_memory=False``), with the current mean and std."""
-        return transforms.Compose([transforms.ToTensor(), transforms.Normalize((self.mean,), (self.std,))])
-
     def _dataset(self, images: Tensor, labels: Tensor | None) -> InMemoryDataset | PILImageDataset:
-        return InMemoryDataset(images, labels) if self.in_memory else PILImageDataset(images, labels, self.transform)
+        if self.in_memory:
+            return InMemoryDataset(images, labels)  # normalised a batch at a time in on_after_batch_transfer
+        transform = transforms.Compose([transforms.ToTensor(), transforms.Normalize((self.mean,), (self.std,))])
+        return PILImageDataset(images, labels, transform)
 
     def _loader(self, split: str, shuffle: bool = False) -> DataLoader:
         return DataLoader(
@@ -177,14 +157,8 @@ class MNISTDataModule(L.LightningDataModule):
 
     def input_contract(self) -> InputContract:
         """What the model trained on this data takes (saved in each checkpoint: ``project.inputs``)."""
-        return InputContract(
-            size=28,
-            channels=1,
-            mean=(self.mean,),
-            std=(self.std,),
-            class_names=tuple(self.class_names),
-            preparation="mnist_digit",
-        )
+        names, mean, std = tuple(self.class_names), (self.mean,), (self.std,)
+        return InputContract(size=28, channels=1, mean=mean, std=std, class_names=names, preparation="mnist_digit")
 
     def load_input_contract(self, contract: InputContract) -> None:
         """Normalise as the checkpoint's training did; refuse a checkpoint whose model takes other images."""

@@ -15,6 +15,8 @@ import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 from torch import Tensor
 
+from project.errors import DataError
+
 # The formats PIL decodes that training and prediction both take (one list: a file that predicts also trains).
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
@@ -190,6 +192,7 @@ def load_folder(folder: Path) -> tuple[list[Path], Tensor, list[tuple[Path, str]
     Raises:
         FileNotFoundError: ``folder`` is not a folder.
         ValueError: it holds no file with an image suffix.
+        DataError: none of its images could be decoded (each file's reason named).
     """
     if not folder.is_dir():
         raise FileNotFoundError(
@@ -207,8 +210,10 @@ def load_folder(folder: Path) -> tuple[list[Path], Tensor, list[tuple[Path, str]
             decoded.append(path)
         except ValueError as exc:
             failed.append((path, str(exc)))
-    stacked = torch.stack(images) if images else torch.zeros(0, 28, 28, dtype=torch.uint8)
-    return decoded, stacked, failed
+    if not images:
+        reasons = "; ".join(f"{path.name}: {reason}" for path, reason in failed)
+        raise DataError(f"data.predict_dir: no image in {folder} could be decoded ({reasons}).")
+    return decoded, torch.stack(images), failed
 
 
 def normalize(images: Tensor, mean: Sequence[float] | Tensor, std: Sequence[float] | Tensor) -> Tensor:

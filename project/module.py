@@ -1,18 +1,16 @@
 """The LightningModule: wraps an injected network with the loss, metrics and optimisation recipe."""
 
 import warnings
-from typing import Any
+from typing import Any, Literal
 
 import lightning as L
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
-from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 from torchmetrics import MaxMetric, MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from project.checkpointing import CheckpointError, load_checkpoint
-from project.errors import UserError
+from project.checkpointing import load_weights
 from project.hooks import FollowsTrainer, Monitors, StepsEvery
 from project.inputs import example_input
 from project.net import CNN
@@ -20,33 +18,21 @@ from project.net import CNN
 Batch = tuple[Tensor, Tensor]
 
 
-class NonFiniteLoss(UserError, FloatingPointError):
-    """The training loss became NaN or inf: the message names the step and the likely causes."""
-
-
 class MNISTClassifier(L.LightningModule):
     """Image classifier trained with cross-entropy on the logits of ``net``.
 
     Args:
-        net: The network, mapping images (B, C, H, W) to logits (B, num_classes); ``None`` builds the
-            default ``CNN``. From the CLI: ``--model.net.class_path`` / ``--model.net.init_args.*``.
+        net: Images (B, C, H, W) -> logits (B, num_classes); ``None``: the default ``CNN`` (``--model.net``).
         num_classes: Number of classes; linked from ``data.num_classes`` by the CLI.
-        class_names: The name of each class index, linked from ``data.class_names``; kept in the checkpoint so
-            that ``predict`` can write names beside indices.
+        class_names: The name of each class index, linked from ``data.class_names``; ``predict`` writes them.
         optimizer: Factory ``params -> Optimizer``; ``None`` means AdamW(lr=1e-3, weight_decay=1e-4).
-        scheduler: Factory ``optimizer -> LRScheduler``, or ``None`` for a constant learning rate.
-            A scheduler with a ``monitor`` attribute (``lightning.pytorch.cli.ReduceLROnPlateau``) is
-            stepped on that metric; one with ``total_steps = None`` (``project.schedules.WarmupCosineLR``)
-            gets the run's length from the Trainer; one with an ``interval`` attribute is stepped in that unit.
-        scheduler_interval: Step the scheduler every ``"epoch"`` or every ``"step"``, unless it names its own
-            ``interval``.
+        scheduler: Factory ``optimizer -> LRScheduler``, or ``None`` for a constant learning rate. Its optional
+            attributes (``monitor``, ``interval``, ``follows_trainer``) are declared in ``project.hooks``.
+        scheduler_interval: Step the scheduler every ``"epoch"`` or ``"step"``, unless it names its own ``interval``.
         channels_last: Store conv weights (and so activations) as NHWC, which oneDNN and cuDNN run faster.
-        compile: ``torch.compile`` the network for fit, validate, test and predict; checkpoints keep plain
-            parameter names, so they load with or without it.
-        init_from: A checkpoint whose network weights ``fit`` starts from (fine-tuning, e.g. configs/prune.yaml):
-            weights only, with a fresh optimizer, schedule and epoch count, unlike ``--ckpt_path``, which resumes.
-        label_smoothing: Share of each training target spread evenly over all classes (0 = one-hot targets).
-            Training loss only: val/loss and test/loss stay the plain cross-entropy, comparable across recipes.
+        compile: ``torch.compile`` the network (in place: checkpoints load with or without it).
+        init_from: A checkpoint whose weights ``fit`` starts from, with a fresh optimizer and schedule (fine-tuning).
+        label_smoothing: Share of each training target spread over all classes; val/ and test/loss stay plain.
     """
 
     def __init__(
@@ -56,15 +42,13 @@ class MNISTClassifier(L.LightningModule):
         class_names: list[str] | None = None,
         optimizer: OptimizerCallable | None = None,
         scheduler: LRSchedulerCallable | None = None,
-        scheduler_interval: str = "epoch",
+        scheduler_interval: Literal["epoch", "step"] = "epoch",
         channels_last: bool = False,
         compile: bool = False,
         init_from: str | None = None,
         label_smoothing: float = 0.0,
     ) -> None:
         super().__init__()
-        if scheduler_interval not in ("epoch", "step"):
-            raise ValueError(f"model.scheduler_interval must be 'epoch' or 'step', got {scheduler_interval!r}")
         if not 0.0 <= label_smoothing < 1.0:
             raise ValueError(f"model.label_smoothing must be in [0, 1), got {label_smoothing!r}")
         # Under LightningCLI the hparams are the config (class paths and init args), which is what lets
@@ -74,9 +58,7 @@ class MNISTClassifier(L.LightningModule):
             warnings.filterwarnings("ignore", message=".*is an instance of `nn.Module`")
             self.save_hyperparameters()
         self.net = net if net is not None else CNN(num_classes=num_classes)
-        self.optimizer = optimizer
-        self.scheduler = scheduler
-        self.scheduler_interval = scheduler_interval
+        self.optimizer, self.scheduler, self.scheduler_interval = optimizer, scheduler, scheduler_interval
         self.compile_net = compile  # not `self.compile`: nn.Module.compile is a method
         self.init_from = init_from
         if channels_last:
@@ -97,8 +79,7 @@ class MNISTClassifier(L.LightningModule):
         return self.net(x)
 
     def on_train_start(self) -> None:
-        # The sanity-check validation run must not count towards the best accuracy.
-        self.val_acc_best.reset()
+        self.val_acc_best.reset()  # the sanity-check validation run does not count
 
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
         loss = self._shared_step(batch, "train")[0]
@@ -158,18 +139,8 @@ class MNISTClassifier(L.LightningModule):
             # The model summary runs it: FLOPs and each layer's in/out sizes instead of "Total FLOPs: 0". Not for
             # a compiled net, which would compile once more for a batch of one.
             self.example_input_array = example_input(self.trainer)
-        resuming = self.trainer.ckpt_path is not None  # setup runs attached to a Trainer
-        if stage == "fit" and self.init_from and not resuming:
-            # The safe loader: a checkpoint that carries code is refused, as everywhere else.
-            state = load_checkpoint(self.init_from)["state_dict"]
-            try:
-                self.load_state_dict(state)
-            except RuntimeError as exc:
-                raise CheckpointError(
-                    f"model.init_from {self.init_from}: its weights do not fit this network ({str(exc).splitlines()[0]}"
-                    "). Use the same model.net settings as the run that wrote it."
-                ) from exc
-            rank_zero_info(f"Starting from the weights of {self.init_from} (a new run: fresh optimizer and schedule).")
+        if stage == "fit" and self.init_from and self.trainer.ckpt_path is None:  # a resumed fit has its own weights
+            load_weights(self, self.init_from)
 
     def configure_model(self) -> None:
         if self.compile_net:
@@ -187,14 +158,6 @@ class MNISTClassifier(L.LightningModule):
         x, y = batch
         logits = self(x)
         loss = (self.train_loss_fn if stage == "train" else self.loss_fn)(logits, y)
-        if stage == "train" and not torch.isfinite(loss):
-            raise NonFiniteLoss(
-                f"train/loss is {loss.item()} at global step {self.trainer.global_step} (epoch "
-                f"{self.current_epoch}, batch {self.trainer.fit_loop.epoch_loop.batch_idx}). Likely causes: a "
-                "learning rate too high (model.optimizer.init_args.lr), no gradient clipping "
-                "(trainer.gradient_clip_val), or bad input data (NaN/inf pixels or labels out of range). "
-                "Training stopped; no checkpoint was written for this step."
-            )
         getattr(self, f"{stage}_loss").update(loss.detach(), weight=len(y))  # weighted: the last batch is smaller
         getattr(self, f"{stage}_acc").update(logits, y)
         return loss, logits

@@ -27,9 +27,15 @@ class LayerHistograms(L.Callback):
 
     def __init__(self) -> None:
         self._grads: dict[str, Tensor] = {}
+        self._batch_idx = 0
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self._batch_idx = batch_idx
 
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any) -> None:
-        last = trainer.fit_loop.epoch_loop.batch_progress.current.ready == trainer.num_training_batches
+        last = self._batch_idx + 1 == trainer.num_training_batches
         if not (last and trainer.is_global_zero):
             return
         self._grads = {

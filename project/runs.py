@@ -11,7 +11,7 @@ import importlib
 import json
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import lightning as L
 import yaml
@@ -21,19 +21,32 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, Pr
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from project.checkpointing import (
     CheckpointError,
+    JobIdentity,
+    RandomState,
     SaveOnInterrupt,
+    StopOnNonFiniteLoss,
     best_checkpoint,
     find_last_checkpoint,
     job_identity,
     last_checkpoints,
     load_checkpoint,
 )
+from project.console import prog_name
 from project.errors import UserError
-from project.hooks import Finishes, LogsConfig, UsesRunFolder
-from project.mistakes import TrainerConfigError, bad_learning_rate, explain_trainer_error, raised_by_lightning
+from project.hooks import AddsCallbackKeys, Finishes, LogsConfig, UsesRunFolder, features
+from project.inputs import KeepInputContract
+from project.mistakes import (
+    SuggestingParser,
+    TrainerConfigError,
+    bad_learning_rate,
+    explain_trainer_error,
+    quiet_lightning,
+    raised_by_lightning,
+)
 from project.visuals import TensorBoardImages
 from project.writer import first_free, free_path, numbered
 
@@ -288,30 +301,80 @@ class RunFolderCLI(LightningCLI):
     ``--ckpt_path last/best/auto`` are resolved; a resumed run continues in its own folder; an evaluation writes
     into ``<run>/eval/<command>_<n>/`` with ``metrics.json``; a folder made by a command that bad input stopped is
     removed; a checkpoint's hyperparameters beat ``--model.*`` options, and the user is told which; a Trainer option
-    this machine cannot run, a bad value and a learning rate <= 0 are one line each. ``named_callbacks`` (set by the
-    subclass while it builds the parser) are the top-level callback keys (``--early_stopping null``).
+    this machine cannot run, a bad value and a learning rate <= 0 are one line each. Every run gets the callbacks a
+    checkpoint needs beyond Lightning's (the job, the random state, the input contract) and the NaN-loss stop. The
+    subclass's ``NAMED_CALLBACKS``, and those the features declare (``hooks.AddsCallbackKeys``), are top-level
+    callback keys (``--early_stopping null``).
 
     Args:
-        argv: The command and its options, as given (LightningCLI's ``args``).
+        model_class: The LightningModule; ``datamodule_class``: the DataModule (both as LightningCLI takes them).
+        args: The command and its options (``fit --trainer.max_epochs 3``); with ``run=False`` the options only.
+        recipe: The default config, loaded before any ``--config`` (jsonargparse's ``default_config_files``).
+        run: Run the command; ``False`` only builds the classes (benchmarks, a search's first look).
+        callbacks: Added to the configured ones: objects built in Python (a search's pruning callback).
         run_folder: The run's ``(name, version)`` under the logger's ``save_dir``, whatever the config says.
+        exit_on_error: With ``run=False``, ``False`` raises jsonargparse's error instead of exiting.
     """
 
-    def __init__(self, *args: Any, argv: list[str], run_folder: tuple[str, str] | None = None, **kwargs: Any) -> None:
-        self.argv = argv
+    NAMED_CALLBACKS: ClassVar[dict[str, type]] = {}
+
+    def __init__(
+        self,
+        model_class: type[L.LightningModule],
+        datamodule_class: type[L.LightningDataModule],
+        *,
+        args: list[str],
+        recipe: Path,
+        run: bool = True,
+        callbacks: list[L.Callback] | None = None,
+        run_folder: tuple[str, str] | None = None,
+        exit_on_error: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        quiet_lightning()
+        self.argv = list(args)
         self.run_folder = run_folder
-        self.named_callbacks: dict[str, type] = {}
+        self.named_callbacks = dict(self.NAMED_CALLBACKS)
         self.new_folder: Path | None = None  # the folder this command makes, removed if bad input stops it
         self.given_model = Namespace()  # the model options before a checkpoint's hyperparameters replace them
+        defaults: dict[str, Any] = {"default_config_files": [str(recipe)]} if recipe.is_file() else {}
+        parser_kwargs: dict[str, Any]
+        if run:
+            parser_kwargs = {"prog": prog_name(), **{command: dict(defaults) for command in self.subcommands()}}
+        else:
+            parser_kwargs = {"prog": prog_name(), "exit_on_error": exit_on_error, **defaults}
+        every_run = [StopOnNonFiniteLoss(), JobIdentity(), RandomState(), KeepInputContract()]
         try:
-            super().__init__(*args, **kwargs)
+            super().__init__(
+                model_class,
+                datamodule_class,
+                args=self.argv,
+                run=run,
+                trainer_defaults={"callbacks": [*(callbacks or []), *every_run]},
+                save_config_callback=KeepingSaveConfigCallback,
+                parser_class=SuggestingParser,
+                parser_kwargs=parser_kwargs,
+                **kwargs,
+            )
         except UserError:
             forget_failed_folder(self.new_folder)
             raise
+        except SIGTERMException:  # SaveOnInterrupt has saved a checkpoint and said where: exit without a traceback
+            raise SystemExit(143) from None
+        if run:
+            finish_loggers(self.trainer)  # a tracker's run: the next run in this process starts one of its own
 
     def subcommands(self) -> dict[str, set[str]]:  # type: ignore[override]
         """Only the subcommand being run gets a parser: building all four costs ~0.4 s per command."""
         every = LightningCLI.subcommands()
         return {self.argv[0]: every[self.argv[0]]} if self.argv and self.argv[0] in every else every
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        for feature in features():
+            if isinstance(feature, AddsCallbackKeys):
+                self.named_callbacks |= {key: import_class(path) for key, path in feature.CALLBACK_KEYS.items()}
+        for key, base in self.named_callbacks.items():
+            parser.add_subclass_arguments(base, key, fail_untyped=False, required=False)
 
     def evaluating_a_checkpoint(self) -> bool:
         """validate, test or predict of a ``--ckpt_path``: the model is the checkpoint's, not the data's."""

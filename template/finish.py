@@ -112,7 +112,7 @@ def rewrite(text: str, old: str, new: str, pyproject: bool = False) -> str:
     ]
     for pattern, replacement in rules:
         text = re.sub(pattern, replacement, text)
-    # The README's tree: `project/    the core` keeps its comment in the column of the lines below it.
+    # docs/layout.md's tree: `project/    the core` keeps its comment in the column of the lines below it.
     pad = len(old) - len(new)
     return re.sub(rf"(?m)^{re.escape(new)}/( {{2,}})(?=\S)", lambda m: f"{new}/" + " " * max(2, len(m[1]) + pad), text)
 

@@ -1,6 +1,7 @@
 """Resume, interruption, non-finite loss, bad configuration and untrusted checkpoints."""
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -13,8 +14,9 @@ import pytest
 import torch
 
 from project.__main__ import cli_main
-from project.checkpointing import AtomicCheckpointIO, load_checkpoint
+from project.checkpointing import AtomicCheckpointIO, NonFiniteLoss, StopOnNonFiniteLoss, load_checkpoint
 from project.mnist_files import MNISTDataError
+from project.module import MNISTClassifier
 from tests.conftest import DEFAULT_CONFIG, ROOT
 
 
@@ -240,6 +242,41 @@ def test_non_finite_loss_stops_with_the_step_and_causes(run_cli, tmp_path):
     for ckpt in (tmp_path / "logs").rglob("*.ckpt"):  # whatever was saved before the blow-up is finite
         state = load_checkpoint(ckpt)["state_dict"]
         assert all(torch.isfinite(v).all() for v in state.values()), ckpt
+
+
+def first_non_finite(tmp_path: Path, check_every: int) -> tuple[str, list[Path]]:
+    """Train a net blown up by a huge learning rate with the loss read every ``check_every`` steps."""
+    torch.manual_seed(0)
+    x, y = torch.randn(64, 1, 28, 28), torch.randint(0, 10, (64,))
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8)
+    model = MNISTClassifier(optimizer=lambda params: torch.optim.SGD(params, lr=1e12))
+    folder = tmp_path / f"every_{check_every}"
+    checkpoint = L.pytorch.callbacks.ModelCheckpoint(dirpath=folder, save_last=True, every_n_train_steps=3)
+    trainer = L.Trainer(
+        max_epochs=2,
+        callbacks=[StopOnNonFiniteLoss(check_every_n_steps=check_every), checkpoint],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+    )
+    with pytest.raises(NonFiniteLoss) as info:
+        trainer.fit(model, loader)
+    return str(info.value), sorted(folder.glob("*.ckpt"))
+
+
+def test_a_loss_read_later_names_the_same_first_bad_step_and_nothing_is_saved_after_it(tmp_path):
+    """As on a GPU, where the losses are read every log_every_n_steps: the same step is named as when each loss is
+    read before its backward pass, and the checkpoint due after it is refused, not written with NaN weights."""
+    at_once, saved_at_once = first_non_finite(tmp_path, check_every=1)
+    later, saved_later = first_non_finite(tmp_path, check_every=1000)
+    assert at_once.split(" Likely")[0] == later.split(" Likely")[0], (at_once, later)
+    for ckpt in saved_at_once + saved_later:
+        state = load_checkpoint(ckpt)["state_dict"]
+        assert all(torch.isfinite(v).all() for v in state.values()), ckpt
+    step = int(re.search(r"global step (\d+)", later).group(1))
+    assert step < 3, f"the blow-up at step {step} comes before the first save: the save must be refused"
+    assert saved_later == [], saved_later
 
 
 @pytest.mark.parametrize(

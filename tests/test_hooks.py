@@ -82,7 +82,7 @@ def test_a_features_callback_keys_are_top_level_keys_that_go_with_its_folder(mon
 
     import pytest
 
-    import project.cli
+    import project.runs
     from project.__main__ import cli_main
     from project.hooks import AddsCallbackKeys
 
@@ -90,11 +90,11 @@ def test_a_features_callback_keys_are_top_level_keys_that_go_with_its_folder(mon
     mine.CALLBACK_KEYS = {"swa": "lightning.pytorch.callbacks.StochasticWeightAveraging"}  # type: ignore[attr-defined]
     assert isinstance(mine, AddsCallbackKeys)
     args = ["fit", "--swa=lightning.pytorch.callbacks.StochasticWeightAveraging", "--swa.swa_lrs=0.01"]
-    monkeypatch.setattr(project.cli, "features", lambda: [mine])
+    monkeypatch.setattr(project.runs, "features", lambda: [mine])
     with pytest.raises(SystemExit) as info:
         cli_main([*args, "--print_config"])
     assert info.value.code == 0 and "swa_lrs: 0.01" in capsys.readouterr().out
-    monkeypatch.setattr(project.cli, "features", lambda: [])  # the folder deleted
+    monkeypatch.setattr(project.runs, "features", lambda: [])  # the folder deleted
     with pytest.raises(SystemExit) as info:
         cli_main([*args, "--print_config"])
     assert info.value.code == 2 and "--swa" in capsys.readouterr().err

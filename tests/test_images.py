@@ -9,8 +9,9 @@ import torch
 from PIL import Image, ImageDraw
 
 from project.data import MNISTDataModule
+from project.errors import DataError
 from project.images import load_folder, mnist_style, prepare_image
-from project.mnist_files import MNISTDataError, load_split
+from project.mnist_files import load_split
 
 
 def drawn_seven(size: tuple[int, int] = (64, 64), dark_on_light: bool = True, mode: str = "RGB") -> Image.Image:
@@ -116,7 +117,7 @@ def test_empty_folder_and_folder_without_images_are_clear_errors(tmp_path):
         load_folder(tmp_path / "missing")
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "x.png").write_bytes(b"junk")
-    with pytest.raises(MNISTDataError, match=r"no image .* could be decoded \(x.png"):
+    with pytest.raises(DataError, match=r"no image .* could be decoded \(x.png"):
         MNISTDataModule(predict_dir=str(tmp_path / "bad")).setup("predict")
 
 

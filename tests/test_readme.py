@@ -61,7 +61,7 @@ def test_every_guarantee_of_the_reliability_page_names_its_test():
 
 
 def test_the_readme_is_short_and_every_link_between_the_pages_resolves():
-    assert README.count("\n") <= 150
+    assert README.count("\n") <= 110  # the reading path starts here: a page, not a manual
     for page, text in PAGES.items():
         for target in re.findall(r"\]\(([^)#]+\.md)\)", text):
             assert (ROOT / page).parent.joinpath(target).resolve().is_file(), f"{page} links to {target}"
@@ -86,36 +86,37 @@ def test_every_feature_has_its_page_and_a_row_in_the_readme():
         assert f"| `{feature}` |" in README and f"(docs/{feature}.md)" in README, feature
 
 
-def readme_tree() -> str:
-    package = ROOT / "project"
-    start = README.index(f"```\n{package.name}/")  # the package_name of a copy, in a copy
-    return README[start : README.index("```", start + 3)]
+def layout_tree() -> str:
+    """The tree of docs/layout.md, which the README sends readers to for every file beyond the reading path."""
+    package, page = ROOT / "project", PAGES["docs/layout.md"]
+    start = page.index(f"```\n{package.name}/")  # the package_name of a copy, in a copy
+    return page[start : page.index("```", start + 3)]
 
 
-def test_the_readme_layout_names_only_modules_that_exist():
-    """What the README's tree names exists. Modules of your own need no line in it (docs/start-a-project.md)."""
+def test_the_layout_page_names_only_modules_that_exist():
+    """What docs/layout.md's tree names exists. Modules of your own need no line in it (docs/start-a-project.md)."""
     package = ROOT / "project"
-    tree = readme_tree()
+    tree = layout_tree()
     shown = set(re.findall(r"^  (\w+\.py|\w+/)", tree, flags=re.M))
     present = {p.name for p in package.glob("*.py") if p.name != "__init__.py"}
     present |= {f"{feature}/" for feature in FEATURES}
-    assert shown <= present, f"the README's layout names {sorted(shown - present)}, not in {package.name}/"
+    assert shown <= present, f"docs/layout.md names {sorted(shown - present)}, not in {package.name}/"
     for feature, line in re.findall(r"^  (\w+)/ +(.*)$", tree, flags=re.M):  # the files a feature's line names
         named = set(re.findall(r"\b\w+\.py\b", line))
         files = {p.name for p in (package / feature).glob("*.py") if not p.name.startswith("__")}
         extra, omitted = sorted(named - files), sorted(files - named)
-        assert named == files, f"the README's {feature}/ line names {extra}, not there, and omits {omitted}"
+        assert named == files, f"docs/layout.md's {feature}/ line names {extra}, not there, and omits {omitted}"
     for entry in re.findall(r"^([\w.-]+/?) ", tree, flags=re.M):  # the top-level folders and files
-        assert (ROOT / entry).exists(), f"the README's layout shows {entry}, which does not exist"
+        assert (ROOT / entry).exists(), f"docs/layout.md shows {entry}, which does not exist"
 
 
 # >>> template
-def test_the_readme_layout_names_every_module_of_the_template():
-    """The template's own form, checked in the template only: a copy's README need not list the user's modules."""
-    shown = set(re.findall(r"^  (\w+\.py|\w+/)", readme_tree(), flags=re.M))
+def test_the_layout_page_names_every_module_of_the_template():
+    """The template's own form, checked in the template only: a copy's page need not list the user's modules."""
+    shown = set(re.findall(r"^  (\w+\.py|\w+/)", layout_tree(), flags=re.M))
     present = {p.name for p in (ROOT / "project").glob("*.py") if p.name != "__init__.py"}
     present |= {f"{feature}/" for feature in FEATURES}
-    assert present <= shown, f"missing from the README's layout: {sorted(present - shown)}"
+    assert present <= shown, f"missing from docs/layout.md: {sorted(present - shown)}"
 
 
 # <<< template

@@ -161,7 +161,7 @@ def test_copier_update_brings_a_template_change_and_keeps_the_users_edit(tmp_pat
     env = {**os.environ, "PYTHONPATH": str(project)}
     tests = ["tests/test_net.py", "tests/test_cli.py::test_fit_without_a_config_is_the_default_recipe"]
     tests += ["tests/test_cli.py::test_a_documented_overlay_alone_resolves_to_a_model_and_data_of_the_package"]
-    tests += ["tests/test_readme.py::test_the_readme_layout_names_only_modules_that_exist"]
+    tests += ["tests/test_readme.py::test_the_layout_page_names_only_modules_that_exist"]
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", *tests],
         cwd=project,

@@ -5,8 +5,14 @@
 
 One more copy is made as the README's set-up makes it, with copier alone installed (``check_bare``). A copy passes
 when no file of it names a feature it dropped (the words each feature is known by, below), when
-ruff finds nothing, and when its own offline suite (``pytest -m "not slow"``) passes with the copy installed in
+ruff and mypy find nothing, and when its own offline tests (``pytest -m "not slow"``) pass with the copy installed in
 the running environment (``pip install --no-deps -e``; the environment has every extra already). `.ci/run` runs it.
+
+The core copy and the copy with every feature run their whole offline suite. A copy with one feature runs the tests
+that can differ from the core copy's (``tests_beyond_the_core``): the feature's own test files, the test files with
+lines of that feature, and the tests that see which features are present (the command list, the feature hooks, the
+pages). The others test the core's code, which is the same in both copies (the core's modules hold no feature's
+lines: ``test_layout.py``), so the core copy's run is theirs.
 """
 
 import argparse
@@ -48,6 +54,8 @@ WORDS = {
 # reads a folder-trained checkpoint's sizes).
 WORKS_WITH = {"serve": ["export", "folder"]}
 COMBOS = {"core": [], **{feature: [feature] for feature in FEATURES}, "all": list(FEATURES)}
+# The tests that see which features are present: a copy with one feature runs them whatever their text.
+SEE_THE_FEATURES = ["tests/test_layout.py", "tests/test_hooks.py", "tests/test_readme.py"]
 
 
 def generate(destination: Path, features: list[str], package: str = PACKAGE, vcs_ref: str = "HEAD") -> Path:
@@ -84,8 +92,21 @@ def run(command: list[str], cwd: Path) -> None:
     subprocess.run(command, cwd=cwd, check=True)
 
 
-def check(name: str, features: list[str], tests: bool) -> float:
-    """Generate one combination and check it; return its wall time in seconds."""
+def test_texts(copy: Path) -> dict[str, str]:
+    """The text of each test file of ``copy``, by its path inside the copy."""
+    return {str(p.relative_to(copy)): p.read_text() for p in sorted((copy / "tests").glob("test_*.py"))}
+
+
+def tests_beyond_the_core(copy: Path, core: dict[str, str]) -> list[str]:
+    """The test files of ``copy`` that are not in the core copy (whose tests are ``core``) or read otherwise there,
+    and those that see which features are present."""
+    differ = [path for path, text in test_texts(copy).items() if core.get(path) != text]
+    return sorted({*differ, *(path for path in SEE_THE_FEATURES if (copy / path).is_file())})
+
+
+def check(name: str, features: list[str], tests: bool, core: dict[str, str] | None = None) -> float:
+    """Generate one combination and check it; return its wall time in seconds. With ``core`` (the core copy's test
+    files), run only ``tests_beyond_the_core``; else the whole offline suite."""
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix=f"combo-{name}-") as tmp:
         copy = generate(Path(tmp) / PACKAGE, features)
@@ -97,8 +118,9 @@ def check(name: str, features: list[str], tests: bool) -> float:
         if tests:
             pip = [sys.executable, "-m", "pip", "--quiet", "--disable-pip-version-check"]
             run([*pip, "install", "--no-deps", "-e", "."], copy)
+            chosen = tests_beyond_the_core(copy, core) if core is not None else []
             try:
-                run([sys.executable, "-m", "pytest", "-q", "-m", "not slow", "-p", "no:cacheprovider"], copy)
+                run([sys.executable, "-m", "pytest", "-q", "-m", "not slow", "-p", "no:cacheprovider", *chosen], copy)
             finally:
                 run([*pip, "uninstall", "--yes", PACKAGE], copy)
     return time.perf_counter() - start
@@ -133,7 +155,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-tests", dest="tests", action="store_false", help="generate and check, run no tests")
     parser.add_argument("--no-bare", dest="bare", action="store_false", help="skip the copy made with copier alone")
     args = parser.parse_args(argv)
-    times = {name: check(name, COMBOS[name], args.tests) for name in args.only or COMBOS}
+    core = None
+    if any(len(COMBOS[name]) == 1 for name in args.only or COMBOS):
+        with tempfile.TemporaryDirectory(prefix="combo-tests-") as tmp:
+            core = test_texts(generate(Path(tmp) / PACKAGE, []))
+    times = {
+        name: check(name, COMBOS[name], args.tests, core if len(COMBOS[name]) == 1 else None)
+        for name in args.only or COMBOS
+    }
     bare = check_bare() if args.bare else None
     for name, seconds in times.items():
         print(f"{name:10s} features={','.join(COMBOS[name]) or '-':50s} passed in {seconds:5.0f} s")

@@ -40,6 +40,19 @@ def test_the_core_imports_no_feature():
     assert not wrong, wrong
 
 
+def test_the_core_holds_no_line_of_a_feature_so_every_copy_has_the_same_core():
+    """No marker in the core's modules: a copy's core is the same whatever features it keeps, which is why a copy
+    with one feature need not run the core's tests again (template/combos.py)."""
+    marker = re.compile(r"#\s*\[[a-z ]+\]\s*$|^\s*#\s*(>>>|<<<) [a-z ]+$")
+    marked = [
+        f"{path.name}:{number}: {line.strip()}"
+        for path in sorted(PACKAGE.glob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), start=1)
+        if marker.search(line)
+    ]
+    assert not marked, marked
+
+
 def test_a_feature_imports_the_core_and_itself_only():
     wrong = [
         f"{path.relative_to(PACKAGE)}:{line} imports {name}"

@@ -54,17 +54,19 @@ DOCUMENTED = {"_exit"}  # os._exit: underscored, but public and documented
 
 # Why each name has no public route: the upstream thread. Checked on lightning 2.6.6, torch 2.14.1 and Python 3.11
 # (argparse); a feature's names on the versions its module names.
+LAST_CKPT = "Lightning-AI/pytorch-lightning#19325, openclimatefix/pvnet#544"  # BestAndLastCheckpoint's five names
+LITSERVE_751 = "Lightning-AI/LitServe#751 (serve/litserve_workarounds.py)"  # [serve]
 # fmt: off
 WHY = {
     # Lightning 2.6 writes last.ckpt only beside a top-k save (openclimatefix/pvnet#544 describes it; upstream:
     # "working as intended", Lightning-AI/pytorch-lightning#19325). A second plain ModelCheckpoint gives last.ckpt
     # every epoch but not the save on every n-th training step from the same callback, nor one interrupt hold
     # around each save point, so BestAndLastCheckpoint reaches into ModelCheckpoint's save logic.
-    "_should_skip_saving_checkpoint": "Lightning-AI/pytorch-lightning#19325, openclimatefix/pvnet#544",
-    "_save_last_checkpoint": "Lightning-AI/pytorch-lightning#19325, openclimatefix/pvnet#544",
-    "_monitor_candidates": "Lightning-AI/pytorch-lightning#19325, openclimatefix/pvnet#544",
-    "_should_save_on_train_epoch_end": "Lightning-AI/pytorch-lightning#19325, openclimatefix/pvnet#544",
-    "_last_global_step_saved": "Lightning-AI/pytorch-lightning#19325, openclimatefix/pvnet#544",
+    "_should_skip_saving_checkpoint": LAST_CKPT,
+    "_save_last_checkpoint": LAST_CKPT,
+    "_monitor_candidates": LAST_CKPT,
+    "_should_save_on_train_epoch_end": LAST_CKPT,
+    "_last_global_step_saved": LAST_CKPT,
     # How a tuner callback ends fit without training and without a traceback: Lightning's own BatchSizeFinder and
     # LearningRateFinder raise it (Lightning-AI/pytorch-lightning#11089); Trainer.should_stop still runs a sanity
     # validation and the fit hooks.
@@ -83,10 +85,10 @@ WHY = {
     "_timeout": "no public route: elastic/strategy.py, the configured DDP timeout",  # [elastic]
     # >>> serve
     "_start_server": "no public route: serve/litserve_workarounds.py (a socket per HTTP server)",
-    "_init_manager": "Lightning-AI/LitServe#751 (serve/litserve_workarounds.py)",
-    "_transport": "Lightning-AI/LitServe#751 (serve/litserve_workarounds.py)",
-    "_socket": "Lightning-AI/LitServe#751 (serve/litserve_workarounds.py)",
-    "_context": "Lightning-AI/LitServe#751 (serve/litserve_workarounds.py)",
+    "_init_manager": LITSERVE_751,
+    "_transport": LITSERVE_751,
+    "_socket": LITSERVE_751,
+    "_context": LITSERVE_751,
     # <<< serve
     "_wandb_init": "no public route: track/wandb.py puts an offline run in the run's folder",  # [track]
     "_save_dir": "no public route: track/wandb.py puts an offline run in the run's folder",  # [track]

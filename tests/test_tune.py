@@ -104,6 +104,40 @@ def test_a_study_prunes_hopeless_trials_logs_each_trial_and_writes_a_best_overla
     assert cli.model.hparams.optimizer is not None and cli.trainer.global_step > 0
 
 
+def test_two_processes_that_start_a_trial_at_once_with_one_left_run_one_the_other_is_skipped(
+    mnist_dir, tmp_path, monkeypatch, capsys
+):
+    # --trials=2 with one complete: this process sees one left and asks for a trial, and another process asks for
+    # one at the same moment, first. Both looked before either trial existed: the count alone would run both.
+    monkeypatch.chdir(tmp_path)
+    storage = f"sqlite:///{tmp_path / 'race.db'}"
+    lr = optuna.distributions.CategoricalDistribution([0.003, 1.0e-9])
+    study = optuna.create_study(study_name="race", storage=storage, direction="maximize")
+    done = optuna.trial.create_trial(
+        params={"model.optimizer.init_args.lr": 0.003}, distributions={"model.optimizer.init_args.lr": lr}, value=0.5
+    )
+    study.add_trial(done)
+    elsewhere = {"trial": 1, "host": "another-host", "pid": 1, "started": 0.0}  # alive as far as this host can tell
+    ask = optuna.study.Study.ask
+
+    def another_process_first(self, *args, **kwargs):
+        if len(self.trials) == 1:
+            self.add_trial(
+                optuna.trial.create_trial(state=optuna.trial.TrialState.RUNNING, user_attrs={"process": elsewhere})
+            )
+        return ask(self, *args, **kwargs)
+
+    monkeypatch.setattr(optuna.study.Study, "ask", another_process_first)
+    logs = tmp_path / "logs"
+    space = write(tmp_path, LEARNS_OR_NOT)
+    study = cli_main(tune_args(mnist_dir, logs, space, "--trials=2", "--study=race", f"--storage={storage}"))
+    states = [t.state.name for t in study.trials]
+    assert states == ["COMPLETE", "RUNNING", "FAIL"], states
+    assert study.trials[2].user_attrs["skipped"] and not study.trials[2].params  # nothing sampled
+    assert not (logs / "race" / "trial_2").exists()  # and no fit run
+    assert "    2 | SKIPPED  |" in capsys.readouterr().out
+
+
 def tune_process(cwd: Path, mnist_dir: Path, storage: str, study: str, *extra: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "project"]
     cmd += tune_args(mnist_dir, cwd / "logs", write(cwd, CONTINUOUS), f"--storage={storage}", f"--study={study}")

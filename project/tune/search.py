@@ -4,13 +4,14 @@ Each trial is an in-process ``fit`` (``cli.run``) with the trial's values as ove
 keys ``fit`` takes; its objective is the best validation metric (``val/acc``), never the test set. Hopeless trials
 are pruned after an epoch (optuna-integration's ``PyTorchLightningPruningCallback``, a median pruner by default).
 The study lives in an Optuna storage: by default a SQLite file under ``logs/``; ``--storage`` takes any Optuna URL
-(``postgresql://...``, ``journal:<file>`` for Optuna's journal file). The same command started in several
-processes or on several machines against one storage shares one study. Each trial records the process that runs it
-(host, PID, start time): a trial whose process is gone on this host is marked failed and retried by the next run of
-the command at once; one from another host, once its heartbeat is stale (2 x ``--heartbeat``). Finished trials are
-never run again. Each process seeds its sampler anew (or from ``--seed`` and the trials already in the study), and
-TPE's constant liar keeps parallel processes off the points the others are running: a restart or a parallel process
-proposes points of its own (a retry re-runs its failed trial's values).
+(``postgresql://...``, ``journal:<file>`` for Optuna's journal file). The same command started in several processes
+or on several machines against one storage shares one study, and together they stop at ``--trials``
+(``within_budget``). Each trial records the process that runs it (host, PID, start time): a trial whose process is
+gone on this host is marked failed and retried by the next run of the command at once; one from another host, once
+its heartbeat is stale (2 x ``--heartbeat``). Finished trials are never run again. Each process seeds its sampler
+anew (or from ``--seed`` and the trials already in the study), and TPE's constant liar keeps parallel processes off
+the points the others are running: a restart or a parallel process proposes points of its own (a retry re-runs its
+failed trial's values).
 Each trial is a TensorBoard run ``<save_dir>/<study>/trial_<n>/``; at the end the trials are printed as a table and
 the best trial's values are written as a YAML overlay, ``<save_dir>/<study>/best.yaml``.
 """
@@ -42,7 +43,8 @@ except ImportError as exc:  # an optional extra
 
 TYPES = ("float", "int", "categorical")
 FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
-RUNNING = optuna.trial.TrialState.RUNNING
+RUNNING, WAITING = optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING
+SKIPPED = "skipped"  # the user attribute of a trial that found the study's --trials taken by lower-numbered ones
 
 
 def nested(values: dict[str, Any]) -> dict[str, Any]:
@@ -211,6 +213,22 @@ def live_trials(study: optuna.Study, storage: Any) -> int:
     return len(study.get_trials(deepcopy=False, states=(*FINISHED, RUNNING)))
 
 
+class OverBudget(Exception):
+    """The trial started after other processes' trials had taken the study's ``--trials``: it runs no fit."""
+
+
+def within_budget(study: optuna.Study, number: int, trials: int) -> bool:
+    """Whether trial ``number`` is one of the study's first ``trials`` live trials, by trial number.
+
+    Checking the count and then starting a trial is a race between processes: two that each see one trial left
+    both start one. A number is given out once, so deciding after the trial exists is not: of the trials started
+    at once, only those with fewer than ``trials`` finished, running or queued (a killed trial's retry) trials
+    numbered below them go on. Failed ones do not count: their retry does.
+    """
+    before = study.get_trials(deepcopy=False, states=(*FINISHED, RUNNING, WAITING))
+    return sum(t.number < number for t in before) < trials
+
+
 def storage_for(url: str | None, root: Path, study: str, heartbeat: int) -> Any:
     """The Optuna storage: SQLite under ``root`` by default, ``journal:<file>``, or any RDB URL; with heartbeats."""
     if url is not None and url.startswith("journal:"):
@@ -292,7 +310,8 @@ def report(study: optuna.Study) -> str:
         params = " | ".join(
             f"{t.params[k]:.4g}" if isinstance(t.params.get(k), float) else str(t.params.get(k, "")) for k in keys
         )
-        lines.append(f"{t.number:5} | {t.state.name:8} | {value:6} | {t.user_attrs.get('epochs', ''):>6} | {params}")
+        state = "SKIPPED" if t.user_attrs.get(SKIPPED) else t.state.name  # a FAIL that ran nothing
+        lines.append(f"{t.number:5} | {state:8} | {value:6} | {t.user_attrs.get('epochs', ''):>6} | {params}")
     return "\n".join(lines)
 
 
@@ -331,6 +350,9 @@ def tune(args: argparse.Namespace, fit_args: list[str]) -> tuple[optuna.Study, P
     def objective(trial: optuna.Trial) -> float:
         # Before any work: a kill from here on is known for certain at a restart on this host.
         trial.set_user_attr("process", this_process(trial.number))
+        if not within_budget(study, trial.number, args.trials):
+            trial.set_user_attr(SKIPPED, True)
+            raise OverBudget(f"the study's {args.trials} trials were started by other processes first: skipped")
         values = suggest(trial, space)
         tracker = Tracker(args.metric, args.direction, values)
         argv = [
@@ -350,12 +372,15 @@ def tune(args: argparse.Namespace, fit_args: list[str]) -> tuple[optuna.Study, P
         return tracker.best
 
     def stop_at_trials(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        # Counting the trials other live processes are running too: together they stop at --trials, not one more each.
+        # Counting the trials other live processes are running too: together they stop at --trials. Two that look
+        # at once may both start one more: within_budget then skips the higher-numbered one before it runs.
         if live_trials(study, storage) >= args.trials:
             study.stop()
 
     if live_trials(study, storage) < args.trials:
-        study.optimize(objective, timeout=args.timeout, callbacks=[stop_at_trials], gc_after_trial=True)
+        study.optimize(
+            objective, timeout=args.timeout, callbacks=[stop_at_trials], gc_after_trial=True, catch=(OverBudget,)
+        )
     return study, folder
 
 

@@ -18,6 +18,7 @@ the best trial's values are written as a YAML overlay, ``<save_dir>/<study>/best
 
 import argparse
 import json
+import logging
 import math
 import secrets
 import socket
@@ -217,6 +218,20 @@ class OverBudget(Exception):
     """The trial started after other processes' trials had taken the study's ``--trials``: it runs no fit."""
 
 
+class QuietSkips(logging.Filter):
+    """Keeps Optuna's "trial N failed" warnings, with OverBudget's traceback, of a skipped trial off the console:
+    a routine event, which ``tune`` says in one line itself. Set on the handlers of the ``optuna`` logger."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.skipped: set[int] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], OverBudget):
+            return False
+        return not any(record.getMessage().startswith(f"Trial {n} failed ") for n in self.skipped)
+
+
 def within_budget(study: optuna.Study, number: int, trials: int) -> bool:
     """Whether trial ``number`` is one of the study's first ``trials`` live trials, by trial number.
 
@@ -352,7 +367,9 @@ def tune(args: argparse.Namespace, fit_args: list[str]) -> tuple[optuna.Study, P
         trial.set_user_attr("process", this_process(trial.number))
         if not within_budget(study, trial.number, args.trials):
             trial.set_user_attr(SKIPPED, True)
-            raise OverBudget(f"the study's {args.trials} trials were started by other processes first: skipped")
+            quiet.skipped.add(trial.number)
+            print(f"tune: trial {trial.number} skipped: other processes started the study's {args.trials} trials first")
+            raise OverBudget(f"the study's {args.trials} trials were started by other processes first")
         values = suggest(trial, space)
         tracker = Tracker(args.metric, args.direction, values)
         argv = [
@@ -378,9 +395,16 @@ def tune(args: argparse.Namespace, fit_args: list[str]) -> tuple[optuna.Study, P
             study.stop()
 
     if live_trials(study, storage) < args.trials:
-        study.optimize(
-            objective, timeout=args.timeout, callbacks=[stop_at_trials], gc_after_trial=True, catch=(OverBudget,)
-        )
+        quiet, handlers = QuietSkips(), logging.getLogger("optuna").handlers
+        for handler in handlers:
+            handler.addFilter(quiet)
+        try:
+            study.optimize(
+                objective, timeout=args.timeout, callbacks=[stop_at_trials], gc_after_trial=True, catch=(OverBudget,)
+            )
+        finally:
+            for handler in handlers:
+                handler.removeFilter(quiet)
     return study, folder
 
 

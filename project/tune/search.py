@@ -368,8 +368,9 @@ def tune(args: argparse.Namespace, fit_args: list[str]) -> tuple[optuna.Study, P
         if not within_budget(study, trial.number, args.trials):
             trial.set_user_attr(SKIPPED, True)
             quiet.skipped.add(trial.number)
-            print(f"tune: trial {trial.number} skipped: other processes started the study's {args.trials} trials first")
-            raise OverBudget(f"the study's {args.trials} trials were started by other processes first")
+            why = f"other processes started the study's {args.trials} trials first"
+            print(f"tune: trial {trial.number} skipped: {why}")
+            raise OverBudget(why)
         values = suggest(trial, space)
         tracker = Tracker(args.metric, args.direction, values)
         argv = [

@@ -12,7 +12,6 @@ from torchvision import transforms
 from torchvision.datasets import KMNIST, MNIST, FashionMNIST
 
 from project.batches import InMemoryDataset, PILImageDataset, keep_batch, random_shift_rotate
-from project.cv import check_folds, fold_indices
 from project.images import load_folder, normalize
 from project.inputs import InputContract
 from project.mnist_files import MNISTDataError, check_files, ensure_files, load_split
@@ -35,10 +34,8 @@ class MNISTDataModule(L.LightningDataModule):
         batch_size: Samples per batch (per process under DDP).
         num_workers: DataLoader worker processes.
         pin_memory: Pin host memory for faster copies to a GPU.
-        val_size: Images held out of the 60k training set for validation (unless ``num_folds`` is set).
+        val_size: Images held out of the 60k training set for validation.
         seed: Seed of the train/val split (independent of the global seed).
-        num_folds: Validate on part ``fold`` of this many stratified, seeded parts (the ``cv`` command).
-        fold: Which part validates, ``0`` to ``num_folds - 1``.
         predict_split: Which split ``predict`` runs on.
         download: Download the files in ``prepare_data`` when they are missing.
         in_memory: One uint8 tensor, whole batches normalised on the device (fast); ``False``: per-image PIL.
@@ -58,8 +55,6 @@ class MNISTDataModule(L.LightningDataModule):
         pin_memory: bool = False,
         val_size: int = 5000,
         seed: int = 42,
-        num_folds: int | None = None,
-        fold: int = 0,
         predict_split: Literal["train", "val", "test"] = "test",
         download: bool = True,
         in_memory: bool = True,
@@ -73,19 +68,20 @@ class MNISTDataModule(L.LightningDataModule):
                 raise ValueError(f"data.{key} must be at least {low}, got {value}.")
         if dataset not in DATASETS:
             raise ValueError(f"data.dataset must be one of {', '.join(DATASETS)}, got {dataset!r}.")
-        check_folds(num_folds, fold)
         self.save_hyperparameters()
         self.data_dir = Path(data_dir if data_dir is not None else os.environ.get("PATH_DATASETS", "data"))
         self.dataset = dataset
         self.torchvision_class, self.mean, self.std = DATASETS[dataset]
         self.batch_size, self.num_workers, self.pin_memory = batch_size, num_workers, pin_memory
-        self.val_size, self.seed, self.num_folds, self.fold = val_size, seed, num_folds, fold
+        self.val_size, self.seed = val_size, seed
         self.predict_split, self.download, self.in_memory, self.augment = predict_split, download, in_memory, augment
         self.predict_dir = Path(predict_dir) if predict_dir is not None else None
         # Set by setup("predict") with predict_dir: the image of each prediction, and the undecodable files.
         self.predict_files: list[Path] = []
         self.predict_failures: list[tuple[Path, str]] = []
         self.splits: dict[str, Dataset] = {}
+        self.full: Dataset  # set by setup("fit"): the training set, of which train and val are Subsets
+        self.train_labels: Tensor  # and its labels (N,)
 
     @property
     def class_names(self) -> list[str]:
@@ -110,21 +106,26 @@ class MNISTDataModule(L.LightningDataModule):
             return
         check_files(self.raw_dir, self.dataset)  # prepare_data runs on one process per node only: check here too
         if stage in ("fit", "validate") or (stage == "predict" and self.predict_split != "test"):
-            images, labels = load_split(self.raw_dir, "train")
-            if self.num_folds is not None:
-                train, val = fold_indices(labels, self.num_folds, self.fold, self.seed, self.class_names)
-            elif not 0 < self.val_size < len(images):
+            images, self.train_labels = load_split(self.raw_dir, "train")
+            if not 0 < self.val_size < len(images):
                 raise MNISTDataError(
                     f"data.val_size={self.val_size} must be between 1 and {len(images) - 1} "
                     f"(the training set in {self.raw_dir} has {len(images)} images)."
                 )
-            else:  # the last val_size of a seeded permutation, as torch's random_split takes them
-                order = torch.randperm(len(images), generator=torch.Generator().manual_seed(self.seed))
-                train, val = order[: -self.val_size], order[-self.val_size :]
-            full = self._dataset(images, labels)
-            self.splits.update(train=Subset(full, train.tolist()), val=Subset(full, val.tolist()))
+            self.full = self._dataset(images, self.train_labels)
+            # the last val_size of a seeded permutation, as torch's random_split takes them
+            order = torch.randperm(len(images), generator=torch.Generator().manual_seed(self.seed))
+            self.use_split(order[: -self.val_size], order[-self.val_size :])
         if stage in ("test", "predict"):
             self.splits["test"] = self._dataset(*load_split(self.raw_dir, "t10k"))
+
+    def split_labels(self) -> Tensor:
+        """The class of each image of the training set, which train and val share (``hooks.TakesASplit``)."""
+        return self.train_labels
+
+    def use_split(self, train: Tensor, val: Tensor) -> None:
+        """Train on the ``train`` images of the training set and validate on the ``val`` ones."""
+        self.splits.update(train=Subset(self.full, train.tolist()), val=Subset(self.full, val.tolist()))
 
     def _dataset(self, images: Tensor, labels: Tensor | None) -> InMemoryDataset | PILImageDataset:
         if self.in_memory:

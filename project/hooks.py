@@ -13,6 +13,8 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # inputs imports the checkpoint helpers; a DataModule of yours need not import them to match
+    from torch import Tensor
+
     from project.inputs import InputContract
 
 
@@ -44,6 +46,24 @@ class NamesPredictInputs(Protocol):
     predict_failures: Sequence[tuple[Path, str]]  # (file, why) for each file left out
 
 
+@runtime_checkable
+class TakesASplit(Protocol):
+    """Lets a callback choose the validation images (k folds, a list of your own): after ``setup("fit")``,
+    ``split_labels()`` is the class of each image the train and val splits were drawn from, and
+    ``use_split(train, val)`` trains and validates on those of them instead (indices into the same images). A split
+    made at random is seeded with ``seed``; ``class_names`` name the classes in its errors."""
+
+    @property
+    def seed(self) -> int: ...
+
+    @property
+    def class_names(self) -> list[str]: ...
+
+    def split_labels(self) -> "Tensor": ...
+
+    def use_split(self, train: "Tensor", val: "Tensor") -> None: ...
+
+
 # --- on a Lightning logger (beside TensorBoard, which owns the run folder) ---------------------------------------
 
 
@@ -64,7 +84,7 @@ class UsesRunFolder(Protocol):
 @runtime_checkable
 class Finishes(Protocol):
     """Closes its run when the command is done, so that the next command in this process starts a run of its own
-    (a cross-validation, a search)."""
+    (each fold of k folds, each trial of a search)."""
 
     def finish(self) -> None: ...
 

@@ -76,7 +76,7 @@ class Throughput(ThroughputMonitor):
 
 class MetricHistory(L.Callback):
     """Each epoch's value of each of ``metrics`` after validation, kept in the checkpoints (``state_dict``) so that a
-    resumed run still has its earlier epochs. Read by ``cv`` (each fold's best epoch) and by a search's trials.
+    resumed run still has its earlier epochs. Shared by the features that run many fits (each fold's, each trial's).
 
     Args:
         metrics: The logged metrics to keep; an epoch is kept when the first of them was logged.

@@ -32,7 +32,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-FEATURES = ("serve", "tune", "export", "elastic", "folder", "track", "notebooks", "slurm", "github", "container")
+FEATURES = ("serve", "tune", "export", "elastic", "folder", "cv", "track", "notebooks", "slurm", "github", "container")
 TEMPLATE_ONLY = "template"
 TEXT_SUFFIXES = {".py", ".yaml", ".yml", ".toml", ".md", ".ipynb", ".cfg", ".txt", ".lock", ".sh", ".html", ".sbatch"}
 TEXT_NAMES = {"Makefile", "run", ".gitignore", "Containerfile", ".containerignore"}  # run: .ci/run

@@ -1,4 +1,4 @@
-"""k-fold cross-validation: the folds a DataModule makes, the `cv` command, its errors and its restart after kill -9."""
+"""k-fold cross-validation: the `kfold` key's folds, the `cv` command, its errors, its restart after kill -9."""
 
 import json
 import os
@@ -12,7 +12,9 @@ import pytest
 import torch
 
 from project.__main__ import cli_main
+from project.cv.folds import KFold
 from project.data import MNISTDataModule
+from project.errors import DataError
 from project.mnist_files import load_split
 from tests.conftest import ROOT, small_run
 
@@ -21,8 +23,9 @@ def test_the_folds_are_stratified_seeded_disjoint_and_cover_the_training_split(m
     labels = load_split(mnist_dir / "MNIST" / "raw", "train")[1]
     parts = []
     for fold in range(5):
-        dm = MNISTDataModule(data_dir=str(mnist_dir), num_folds=5, fold=fold)
+        dm = MNISTDataModule(data_dir=str(mnist_dir), val_size=64)
         dm.setup("fit")
+        KFold(5, fold).split(dm)
         train, val = dm.splits["train"].indices, dm.splits["val"].indices
         assert not set(train) & set(val) and len(train) + len(val) == len(labels)
         parts.append(val)
@@ -31,10 +34,11 @@ def test_the_folds_are_stratified_seeded_disjoint_and_cover_the_training_split(m
     for cls in labels.unique():
         per_fold = [int((labels[part] == cls).sum()) for part in parts]
         assert max(per_fold) - min(per_fold) <= 1, (int(cls), per_fold)
-    again = MNISTDataModule(data_dir=str(mnist_dir), num_folds=5, fold=2)
-    other = MNISTDataModule(data_dir=str(mnist_dir), num_folds=5, fold=2, seed=7)
+    again = MNISTDataModule(data_dir=str(mnist_dir), val_size=64)
+    other = MNISTDataModule(data_dir=str(mnist_dir), val_size=64, seed=7)
     for dm in (again, other):
         dm.setup("fit")
+        KFold(5, 2).split(dm)
     assert again.splits["val"].indices == parts[2] != other.splits["val"].indices
     dm.setup("test")
     assert len(dm.splits["test"]) == len(load_split(mnist_dir / "MNIST" / "raw", "t10k")[1])  # untouched
@@ -83,7 +87,7 @@ def test_folds_run_one_at_a_time_and_summarize_into_the_same_summary(mnist_dir, 
     ("args", "message"),
     [
         (["--folds", "1"], "--folds 1: a cross-validation needs at least 2 folds"),
-        (["--folds", "3", "--data.fold=1"], "--data.fold=1: cv sets the folds"),
+        (["--folds", "3", "--kfold.fold=1"], "--kfold.fold=1: cv sets the folds"),
         (["--folds", "3", "--data.batch_size=0"], "data.batch_size must be at least 1"),
         (["--folds", "3", "--fold", "3"], "--fold 3: the folds of --folds 3 are 0 to 2"),
         (["--folds", "3", "--summarize"], "--summarize: fold(s) [0, 1, 2] of"),
@@ -100,10 +104,36 @@ def test_cv_refuses_bad_input_before_any_training(mnist_dir, tmp_path, monkeypat
 
 def test_a_fold_that_does_not_exist_is_one_clear_error(run_cli, capsys):
     with pytest.raises(SystemExit):
-        run_cli("fit", "--data.num_folds=3", "--data.fold=3")
-    assert "data.num_folds=3, data.fold=3: num_folds must be at least 2, and fold from 0 to num_folds - 1" in (
+        run_cli("fit", "--kfold=project.cv.folds.KFold", "--kfold.num_folds=3", "--kfold.fold=3")
+    assert "kfold.num_folds=3, kfold.fold=3: num_folds must be at least 2, and fold from 0 to num_folds - 1" in (
         capsys.readouterr().err
     )
+
+
+def test_one_fold_is_a_plain_fit_with_the_kfold_key_and_its_config_names_the_fold(mnist_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    kfold = ["--kfold=project.cv.folds.KFold", "--kfold.num_folds=4", "--kfold.fold=1"]
+    cli = cli_main(["fit", *small_run(mnist_dir, tmp_path / "logs"), *kfold])
+    dm = MNISTDataModule(data_dir=str(mnist_dir), val_size=64)
+    dm.setup("fit")
+    KFold(4, 1).split(dm)
+    assert cli.datamodule.splits["val"].indices == dm.splits["val"].indices
+    assert abs(len(dm.splits["val"]) - len(dm.train_labels) / 4) <= 10  # each of the 10 classes: at most one off
+    config = (Path(cli.trainer.log_dir) / "config.yaml").read_text()
+    assert "num_folds: 4" in config and "fold: 1" in config
+
+
+class NoSplit(MNISTDataModule):
+    """A DataModule of yours without the hook."""
+
+    split_labels = None  # type: ignore[assignment]
+
+
+def test_a_datamodule_that_cannot_take_a_split_is_named(mnist_dir):
+    dm = NoSplit(data_dir=str(mnist_dir), val_size=64)
+    dm.setup("fit")
+    with pytest.raises(DataError, match=r"kfold: NoSplit cannot take a split: give it split_labels\(\) and use_split"):
+        KFold(3, 0).split(dm)
 
 
 def test_more_folds_than_images_of_a_class_is_one_clear_error(tmp_path, monkeypatch, capsys):
@@ -121,8 +151,42 @@ def test_more_folds_than_images_of_a_class_is_one_clear_error(tmp_path, monkeypa
     with pytest.raises(SystemExit):
         cli_main(["cv", "--folds", "3", *small_run(tmp_path / "data", tmp_path / "logs")])
     err = capsys.readouterr().err
-    assert "data.num_folds=3 needs at least 3 images of every class" in err and "'3 - three' has 2" in err
+    assert "kfold.num_folds=3 needs at least 3 images of every class" in err and "'3 - three' has 2" in err
     assert not (tmp_path / "logs").exists()
+
+
+# >>> folder
+def test_folds_of_a_folder_are_stratified_and_disjoint_and_val_is_then_the_test_split(tmp_path):
+    from project.folder.data import ImageFolderDataModule
+    from tests.conftest import write_classes
+
+    root = write_classes(tmp_path / "a", per_class=10)
+    parts = []
+    for fold in range(3):
+        dm = ImageFolderDataModule(root=str(root))
+        dm.setup("fit")
+        KFold(3, fold).split(dm)
+        train, val = dm.splits["train"].indices, dm.splits["val"].indices
+        assert not set(train) & set(val) and len(train) + len(val) == 30
+        labels = dm.splits["val"].dataset.labels[val]
+        assert torch.bincount(labels, minlength=3).tolist() in ([3, 3, 4], [3, 4, 3], [4, 3, 3])
+        assert dm.splits["test"] is dm.splits["val"]  # no val/ folder: the fold's validation images test
+        parts += val
+    assert sorted(parts) == list(range(30))
+    given = tmp_path / "b"
+    write_classes(given / "train", per_class=10)
+    write_classes(given / "val", per_class=4, seed=5)
+    dm = ImageFolderDataModule(root=str(given))
+    dm.setup("fit")
+    KFold(5, 4).split(dm)
+    assert (len(dm.splits["train"]), len(dm.splits["val"]), len(dm.splits["test"])) == (24, 6, 12)
+    few = ImageFolderDataModule(root=str(write_classes(tmp_path / "c", per_class=2)))
+    few.setup("fit")
+    with pytest.raises(DataError, match=r"kfold.num_folds=3 needs at least 3 images of every class.*'cat' has 2"):
+        KFold(3, 0).split(few)
+
+
+# <<< folder
 
 
 @pytest.mark.slow  # a process killed mid-fold, then the same command again: ~40 s

@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from project.__main__ import cli_main
-from project.errors import DataError
 from project.folder.data import FileDataset, FolderDataError, ImageFolderDataModule
 from tests.conftest import CLASSES, ROOT, new_images, predict_folder, write_classes
 
@@ -192,26 +191,3 @@ def test_training_takes_every_format_predict_and_serve_take(tmp_path):
     dm = ImageFolderDataModule(root=str(root), val_fraction=0.2)
     dm.setup("fit")
     assert len(dm.splits["train"]) + len(dm.splits["val"]) == 3 * (4 + 3) and not dm.skipped
-
-
-def test_folds_of_a_folder_are_stratified_and_disjoint_and_val_is_then_the_test_split(tmp_path):
-    root = write_classes(tmp_path / "a", per_class=10)
-    parts = []
-    for fold in range(3):
-        dm = ImageFolderDataModule(root=str(root), num_folds=3, fold=fold)
-        dm.setup("fit")
-        train, val = dm.splits["train"].indices, dm.splits["val"].indices
-        assert not set(train) & set(val) and len(train) + len(val) == 30
-        labels = dm.splits["val"].dataset.labels[val]
-        assert torch.bincount(labels, minlength=3).tolist() in ([3, 3, 4], [3, 4, 3], [4, 3, 3], [4, 3, 3])
-        parts += val
-    assert sorted(parts) == list(range(30))
-    given = tmp_path / "b"
-    write_classes(given / "train", per_class=10)
-    write_classes(given / "val", per_class=4, seed=5)
-    dm = ImageFolderDataModule(root=str(given), num_folds=5, fold=4)
-    dm.setup("fit")
-    assert (len(dm.splits["train"]), len(dm.splits["val"]), len(dm.splits["test"])) == (24, 6, 12)
-    few = ImageFolderDataModule(root=str(write_classes(tmp_path / "c", per_class=2)), num_folds=3)
-    with pytest.raises(DataError, match=r"data.num_folds=3 needs at least 3 images of every class.*'cat' has 2"):
-        few.setup("fit")

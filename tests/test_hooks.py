@@ -14,6 +14,7 @@ from project.hooks import (
     NamesPredictInputs,
     StatesInputContract,
     StepsEvery,
+    TakesASplit,
     TakesInputContract,
 )
 from project.inputs import stated_contract
@@ -23,7 +24,7 @@ from project.schedules import WarmupCosineLR
 
 def test_the_templates_own_datamodule_and_schedulers_implement_the_declared_hooks():
     data = MNISTDataModule()
-    for hook in (StatesInputContract, TakesInputContract, NamesPredictInputs):
+    for hook in (StatesInputContract, TakesInputContract, NamesPredictInputs, TakesASplit):
         assert isinstance(data, hook), hook.__name__
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
     cosine = WarmupCosineLR(optimizer)

@@ -143,9 +143,11 @@ def test_every_documented_command_parses(command, trained_ckpt, capsys, tmp_path
             module = next(m for m in map(importlib.import_module, names) if hasattr(m, "build_parser"))
     except ImportError as exc:  # a feature without its extra installed; CI installs every extra
         pytest.skip(str(exc))
+    # >>> cv
     if args[0] == "cv":  # its own options, and fit's for every fold
         _, fit_args = module.build_parser().parse_known_args(args[1:])
         args, module = ["fit", *fit_args], None
+    # <<< cv
     # >>> tune
     if args[0] == "tune":  # its own options, and fit's for every trial
         _, fit_args = module.build_parser().parse_known_args(args[1:])

@@ -1,10 +1,9 @@
 """The slurm feature on a real SLURM (docs/slurm.md): a 2-task DDP job that trains and tests, a job requeued twice
-that resumes its own step in its own run folder while a new job starts a run of its own, a cv array with its summary
-job, an array of search workers sharing one study; and one model trained over two hosts (two network namespaces).
+that resumes its own step in its own run folder while a new job starts a run of its own, arrays of folds and of
+search workers; and one model trained over two hosts (two network namespaces).
 `.ci/run` starts a single-node SLURM (scripts/slurm/local_cluster.sh) and exports SLURM_CONF; without one these tests
 are skipped, except under CI, where they fail."""
 
-import json
 import os
 import re
 import shutil
@@ -18,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from project.checkpointing import load_checkpoint
-from project.cv import summarize
 from tests.conftest import ROOT, small_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]  # one job at a time: the node has 2 CPUs
@@ -144,7 +142,12 @@ def test_a_requeued_job_resumes_its_own_step_and_a_new_job_leaves_it_alone(slurm
     assert sorted(p.name for p in (logs / "mnist").iterdir()) == ["version_0", "version_1"]
 
 
+# >>> cv
 def test_a_cv_array_runs_one_fold_per_task_and_its_summary_job_waits_for_them(slurm, mnist_dir, tmp_path):
+    import json
+
+    from project.cv.command import summarize
+
     logs = tmp_path / "logs"
     args = ["--folds=3", *small_run(mnist_dir, logs)]
     array = submit(ROOT / "scripts" / "slurm" / "cv.sbatch", tmp_path / "cv-%a.out", *args, options=("--array=0-2",))
@@ -164,6 +167,9 @@ def test_a_cv_array_runs_one_fold_per_task_and_its_summary_job_waits_for_them(sl
     assert summary == {"command": summary["command"], **summarize(summary["folds"])}  # what `cv` itself writes
     assert all(Path(f["checkpoint"]).parent == folder / f"fold_{f['fold']}" / "checkpoints" for f in summary["folds"])
     assert "cv: fold 0 of 3" in (tmp_path / "cv-0.out").read_text()
+
+
+# <<< cv
 
 
 # >>> tune

@@ -92,7 +92,7 @@ def test_the_core_alone_names_no_feature_anywhere(core_copy):
 def test_the_core_alone_lists_only_the_core_commands(core_copy):
     code = f"from {PACKAGE}.__main__ import commands; print(' '.join(commands()))"
     listed = subprocess.run([sys.executable, "-c", code], cwd=core_copy, capture_output=True, text=True, check=True)
-    assert listed.stdout.split() == ["fit", "validate", "test", "predict", "cv", "env"]
+    assert listed.stdout.split() == ["fit", "validate", "test", "predict", "env"]
 
 
 @pytest.mark.parametrize("feature", FEATURES)

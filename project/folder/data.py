@@ -10,7 +10,6 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from project.batches import InMemoryDataset, keep_batch, random_shift_rotate
-from project.cv import check_folds, fold_indices
 from project.errors import DataError
 from project.images import IMAGE_SUFFIXES, list_files, normalize, prepare_resized
 from project.inputs import InputContract
@@ -50,10 +49,6 @@ class ImageFolderDataModule(L.LightningDataModule):
         num_workers: DataLoader worker processes (useful only when the images are read from disk).
         val_fraction: Share of the images held out for validation when there is no ``val/`` folder.
         seed: Seed of the train/val split.
-        num_folds: Split the training images (``root``, or ``root/train``) into this many stratified, seeded,
-            disjoint parts and validate on part ``fold`` (``python -m project cv``); ``root/val``, if
-            there, is then the test split. ``None``: the ``val_fraction`` split.
-        fold: Which part validates, ``0`` to ``num_folds - 1``.
         in_memory: ``"auto"`` decodes every image once into one uint8 tensor when that takes at most
             ``max_memory_mb``, else reads files per batch; ``True`` / ``False`` force either.
         max_memory_mb: The memory the decoded images may take on the in-memory path.
@@ -73,8 +68,6 @@ class ImageFolderDataModule(L.LightningDataModule):
         num_workers: int = 0,
         val_fraction: float = 0.1,
         seed: int = 42,
-        num_folds: int | None = None,
-        fold: int = 0,
         in_memory: bool | Literal["auto"] = "auto",
         max_memory_mb: int = 2048,
         augment: bool = False,
@@ -87,16 +80,15 @@ class ImageFolderDataModule(L.LightningDataModule):
             raise ValueError(f"data.val_fraction must be between 0 and 1, got {val_fraction}.")
         if image_size < 4 or batch_size < 1:
             raise ValueError(f"data.image_size must be >= 4 and data.batch_size >= 1, got {image_size}, {batch_size}.")
-        check_folds(num_folds, fold)
         self.save_hyperparameters()
         self.root = Path(root) if root is not None else None
         self.image_size = image_size
         self.channels: int = channels  # the checkpoint's, once load_input_contract has taken it
         self.batch_size, self.num_workers = batch_size, num_workers
         self.val_fraction, self.seed = val_fraction, seed
-        self.num_folds, self.fold = num_folds, fold
         self.in_memory, self.max_memory_mb, self.augment = in_memory, max_memory_mb, augment
         self.splits: dict[str, Dataset] = {}
+        self.full: InMemoryDataset | FileDataset  # set by setup: all the images, or root/train's (train's base)
         self.mean = torch.zeros(channels)
         self.std = torch.ones(channels)
         self.skipped: list[tuple[Path, str]] = []
@@ -222,22 +214,19 @@ class ImageFolderDataModule(L.LightningDataModule):
                 datasets[split] = InMemoryDataset(images, targets)
             else:
                 datasets[split] = FileDataset(files, torch.tensor(labels), self.image_size, self.channels)
-        test = None
-        if self.num_folds is not None:
-            full = datasets.pop("all") if "all" in datasets else datasets.pop("train")
-            test = datasets.pop("val", None)  # root/val: left out of the folds, it is the test split
-            train, val = fold_indices(full.labels, self.num_folds, self.fold, self.seed, self.class_names)
-            datasets["train"], datasets["val"] = Subset(full, train.tolist()), Subset(full, val.tolist())
-        elif "all" in datasets:
-            full = datasets.pop("all")
+        if "all" in datasets:
+            self.full = datasets.pop("all")
             generator = torch.Generator().manual_seed(self.seed)
-            order = torch.randperm(len(full), generator=generator).tolist()
-            n_val = max(1, round(len(full) * self.val_fraction))
-            if n_val >= len(full):
-                raise FolderDataError(f"data.root: {len(full)} image(s) are too few to hold out a validation split.")
-            datasets["train"], datasets["val"] = Subset(full, order[n_val:]), Subset(full, order[:n_val])
-        test = datasets["val"] if test is None else test
-        self.splits = {**datasets, "test": test, "predict": datasets["val"]}
+            order = torch.randperm(len(self.full), generator=generator).tolist()
+            n_val = max(1, round(len(self.full) * self.val_fraction))
+            if n_val >= len(self.full):
+                raise FolderDataError(
+                    f"data.root: {len(self.full)} image(s) are too few to hold out a validation split."
+                )
+            datasets["train"], datasets["val"] = Subset(self.full, order[n_val:]), Subset(self.full, order[:n_val])
+        else:
+            self.full = datasets["train"]
+        self.splits = {**datasets, "test": datasets["val"], "predict": datasets["val"]}
         self._measure_normalisation(datasets["train"])
         if self.skipped:
             shown = "; ".join(f"{p}: {why}" for p, why in self.skipped[:5])
@@ -246,6 +235,20 @@ class ImageFolderDataModule(L.LightningDataModule):
         sizes = ", ".join(f"{k} {len(v)}" for k, v in datasets.items())
         where = "in memory" if in_memory else "read from disk per batch"
         rank_zero_info(f"{self.root}: {self.num_classes} classes ({', '.join(self.class_names)}); {sizes}; {where}.")
+
+    def split_labels(self) -> Tensor:
+        """The class of each training image: those of ``root``, or of ``root/train`` (``hooks.TakesASplit``)."""
+        assert self.full.labels is not None  # training images are labelled
+        return self.full.labels
+
+    def use_split(self, train: Tensor, val: Tensor) -> None:
+        """Train on the ``train`` images of ``split_labels`` and validate on the ``val`` ones; ``root/val``, if
+        there, becomes the test split (else the new validation images are). Normalised with the new training ones."""
+        train_images, val_images = Subset(self.full, train.tolist()), Subset(self.full, val.tolist())
+        self.splits.update(train=train_images, val=val_images, predict=val_images)
+        if "val" not in self._split_folders:
+            self.splits["test"] = val_images
+        self._measure_normalisation(train_images)
 
     def _measure_normalisation(self, train: InMemoryDataset | FileDataset | Subset) -> None:
         """Per-channel mean and std of (up to 2000 of) the training images, as the network sees them (0-1)."""

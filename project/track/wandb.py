@@ -17,7 +17,7 @@ class WandbLogger(LightningWandbLogger):
 
         Offline it needs no account and opens no connection; ``wandb sync <run>/wandb/offline-run-*`` uploads the run
         later. The CLI hands it the resolved config, recorded as the W&B run's config, and finishes the W&B run when the
-    command is done (``cv``'s folds are a run each).
+    command is done (each fold or trial of a command that runs many fits is a run).
 
         Args:
             mode: ``"offline"``, ``"online"`` or ``"disabled"``; ``None``: ``$WANDB_MODE``, else ``"online"`` where

@@ -1,13 +1,13 @@
-"""k-fold cross-validation: K fits of one config, fold i validating on the i-th of K stratified parts of the data.
+"""The ``cv`` command: K fits of one config, fold i validating on the i-th of K stratified parts of the data.
 
     python -m project cv --folds 5 [--test] [fit options]
 
-Fold i is ``fit --data.num_folds K --data.fold i`` (the DataModule splits its training set into K stratified, seeded,
-disjoint parts and validates on part i; the test set stays untouched), a run of its own in
-``<save_dir>/<name>/cv_<n>/fold_<i>/``. At the end a table, and ``cv_<n>/summary.json``: each fold's best
-``val/acc`` with its ``val/loss`` (and, with ``--test``, the test accuracy of the fold's best checkpoint), their mean
-and standard deviation. The same command again continues the cross-validation it started: finished folds are kept,
-an interrupted one resumes from its ``last.ckpt``.
+Fold i is ``fit --kfold project.cv.folds.KFold --kfold.num_folds K --kfold.fold i`` (``folds.py``: the
+DataModule's training set in K stratified, seeded, disjoint parts, validating on part i; the test set stays
+untouched), a run of its own in ``<save_dir>/<name>/cv_<n>/fold_<i>/``. At the end a table, and
+``cv_<n>/summary.json``: each fold's best ``val/acc`` with its ``val/loss`` (and, with ``--test``, the test accuracy
+of the fold's best checkpoint), their mean and standard deviation. The same command again continues the
+cross-validation it started: finished folds are kept, an interrupted one resumes from its ``last.ckpt``.
 
 On a scheduler the folds run side by side, one job each (a job array): ``--fold i`` runs fold i
 alone and ``--summarize`` writes the summary of the finished folds; the same options find the same ``cv_<n>``.
@@ -21,48 +21,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
 from lightning.pytorch.loggers import TensorBoardLogger
-from torch import Tensor
 
 from project.console import HelpFormatter
-from project.errors import DataError
+from project.cv.folds import KFold
 from project.monitors import MetricHistory
 from project.writer import numbered
 
 # What a fold reports: its best epoch's validation metrics, and the test metric of its best checkpoint.
 VAL_ACC, VAL_LOSS, TEST_ACC = "val/acc", "val/loss", "test/acc"
-
-
-def check_folds(num_folds: int | None, fold: int) -> None:
-    """``data.num_folds`` / ``data.fold`` must name one of at least two folds; raise ValueError naming the key."""
-    if num_folds is not None and (num_folds < 2 or not 0 <= fold < num_folds):
-        raise ValueError(
-            f"data.num_folds={num_folds}, data.fold={fold}: num_folds must be at least 2, and fold from 0 to "
-            "num_folds - 1."
-        )
-
-
-def fold_indices(labels: Tensor, num_folds: int, fold: int, seed: int, names: list[str]) -> tuple[Tensor, Tensor]:
-    """The (train, val) indices of fold ``fold`` of ``num_folds`` stratified, seeded, disjoint parts of ``labels``.
-
-    The images are shuffled with ``seed``, grouped by class, and dealt out in turn: every class is spread over the
-    folds as evenly as it can be (counts differ by at most one), and the K validation parts cover every image once.
-
-    Raises:
-        DataError: naming the class, if a class has fewer images than there are folds.
-    """
-    counts = torch.bincount(labels, minlength=len(names))
-    few = [f"{names[c]!r} has {int(n)}" for c, n in enumerate(counts) if int(n) < num_folds]
-    if few:
-        raise DataError(
-            f"data.num_folds={num_folds} needs at least {num_folds} images of every class in the training split, but "
-            f"{', '.join(few)}: use fewer folds, or more images of those classes."
-        )
-    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))
-    order = order[torch.argsort(labels[order], stable=True)]  # grouped by class, shuffled within each class
-    part = torch.arange(len(labels)) % num_folds  # the n-th image of the grouped list goes to fold n % K
-    return order[part != fold].sort().values, order[part == fold].sort().values
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -130,21 +97,30 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         parser.error(f"--folds {args.folds}: a cross-validation needs at least 2 folds.")
     if args.fold is not None and not 0 <= args.fold < args.folds:
         parser.error(f"--fold {args.fold}: the folds of --folds {args.folds} are 0 to {args.folds - 1}.")
-    taken = [a for a in fit_args if a.split("=", 1)[0] in ("--data.num_folds", "--data.fold", "--ckpt_path")]
+    taken = [a for a in fit_args if a.split("=", 1)[0].split(".")[0] in ("--kfold", "--ckpt_path")]
     if taken:
         parser.error(f"{', '.join(taken)}: cv sets the folds and resumes its own folds; leave them out.")
     from project.cli import run
     from project.errors import UserError
 
-    folds = [f"--data.num_folds={args.folds}", "--test_after_fit=" + str(args.test).lower()]
+    def folds(fold: int) -> list[str]:  # fit's options that make it fold `fold`
+        kfold = f"--kfold={KFold.__module__}.{KFold.__name__}"
+        return [
+            kfold,
+            f"--kfold.num_folds={args.folds}",
+            f"--kfold.fold={fold}",
+            f"--test_after_fit={str(args.test).lower()}",
+        ]
+
     # Every option checked and the first fold's split made before any training: a bad value or too few images of
     # a class is one error now, not after K-1 fits.
-    probe = run([*fit_args, *folds, "--data.fold=0"], subcommand=False)
+    probe = run([*fit_args, *folds(0)], subcommand=False)
     board = probe.trainer.loggers[0] if probe.trainer.loggers else None
     if not isinstance(board, TensorBoardLogger):
         parser.error("cv keeps each fold as a TensorBoard run: trainer.logger must be (or start with) one.")
     try:
         probe.datamodule.setup("fit")
+        KFold(args.folds, 0).split(probe.datamodule)
     except UserError as exc:
         parser.error(str(exc))
     root, name = Path(board.save_dir), board.name
@@ -171,7 +147,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             print(f"cv: fold {fold} of {args.folds} finished before: {done}")
             results.append(json.loads(done.read_text()))
             continue
-        fit = ["fit", *fit_args, *folds, f"--data.fold={fold}"]
+        fit = ["fit", *fit_args, *folds(fold)]
         last = folder / f"fold_{fold}" / "checkpoints" / "last.ckpt"
         if last.is_file():
             print(f"cv: fold {fold} of {args.folds} was interrupted: resuming it from {last}")

@@ -80,8 +80,6 @@ class MNISTDataModule(L.LightningDataModule):
         self.predict_files: list[Path] = []
         self.predict_failures: list[tuple[Path, str]] = []
         self.splits: dict[str, Dataset] = {}
-        self.full: Dataset  # set by setup("fit"): the training set, of which train and val are Subsets
-        self.train_labels: Tensor  # and its labels (N,)
 
     @property
     def class_names(self) -> list[str]:
@@ -112,7 +110,7 @@ class MNISTDataModule(L.LightningDataModule):
                     f"data.val_size={self.val_size} must be between 1 and {len(images) - 1} "
                     f"(the training set in {self.raw_dir} has {len(images)} images)."
                 )
-            self.full = self._dataset(images, self.train_labels)
+            self.full = self._dataset(images, self.train_labels)  # train and val: Subsets of it (use_split)
             # the last val_size of a seeded permutation, as torch's random_split takes them
             order = torch.randperm(len(images), generator=torch.Generator().manual_seed(self.seed))
             self.use_split(order[: -self.val_size], order[-self.val_size :])

@@ -137,6 +137,9 @@ def test_static_int8_quantizes_the_convolutions_and_agrees_with_fp32(
         "--quantize=static",
         f"--quant_format={quant_format}",
         "--calibration_images=64",
+        # 96 test images: one flipped prediction is 1.04 points, and QDQ forced on a CPU without VNNI (AVX2)
+        # saturates s8s8 products; the agreement below is what this test checks, the guard has a test of its own.
+        "--max_drop=5",
     )
     q = report["int8"]
     # The second convolution and both Linear layers; the first convolution stays fp32 (faster, measured).
@@ -171,7 +174,8 @@ def test_flatten_channels_last_keeps_the_logits(checkpoint, onnx_export, mnist_d
 
 def test_all_layers_quantizes_the_first_convolution_too(checkpoint, mnist_dir, tmp_path):
     report = export(checkpoint, "onnx", tmp_path / "all.onnx", mnist_dir, "--quantize=static", "--all_layers")
-    assert report["int8"]["quantized_ops"].get("Conv", 0) == 2 and report["int8"]["kept_fp32"] == []
+    ops = report["int8"]["quantized_ops"]  # QDQ (a CPU with VNNI): Conv; QOperator (without): QLinearConv
+    assert ops.get("Conv", 0) + ops.get("QLinearConv", 0) == 2 and report["int8"]["kept_fp32"] == []
 
 
 def test_calibration_reads_training_images_only(checkpoint, mnist_dir):

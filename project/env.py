@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from project.console import HelpFormatter
 from project.hardware import cpu_has_native_bf16, recommended_precision
 
 PACKAGES = ("torch", "torchvision", "lightning", "torchmetrics")
@@ -78,7 +79,11 @@ def render(info: dict[str, Any]) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command's options (also what the README test parses its documented commands with)."""
-    parser = argparse.ArgumentParser(prog="python -m project env", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m project env",
+        description=__doc__,
+        formatter_class=HelpFormatter,
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     return parser
 

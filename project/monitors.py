@@ -1,7 +1,6 @@
 """Seeing inside a run, on by default: per-layer weight and gradient histograms, training throughput."""
 
 import warnings
-from collections.abc import Sequence
 from typing import Any
 
 import lightning as L
@@ -72,33 +71,3 @@ class Throughput(ThroughputMonitor):
         super().__init__(batch_size_fn=batch_size, window_size=window_size)
         # No FLOP count for the user's model: Lightning's warning asking for one would show on every run.
         warnings.filterwarnings("ignore", message=r"When using the `ThroughputMonitor`, you need to define")
-
-
-class MetricHistory(L.Callback):
-    """Each epoch's value of each of ``metrics`` after validation, kept in the checkpoints (``state_dict``) so that a
-    resumed run still has its earlier epochs. Shared by the features that run many fits (each fold's, each trial's).
-
-    Args:
-        metrics: The logged metrics to keep; an epoch is kept when the first of them was logged.
-    """
-
-    def __init__(self, metrics: Sequence[str]) -> None:
-        self.metrics = list(metrics)
-        self.epochs: list[dict[str, float]] = []
-
-    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        logged = trainer.callback_metrics
-        if trainer.sanity_checking or self.metrics[0] not in logged:
-            return
-        epoch = {"epoch": trainer.current_epoch, **{m: float(logged[m]) for m in self.metrics if m in logged}}
-        self.epochs = [e for e in self.epochs if e["epoch"] != epoch["epoch"]] + [epoch]
-
-    def values(self, metric: str) -> list[float]:
-        """The kept values of ``metric``, epoch by epoch."""
-        return [epoch[metric] for epoch in self.epochs if metric in epoch]
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"epochs": self.epochs}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.epochs = list(state_dict["epochs"])

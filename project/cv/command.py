@@ -21,11 +21,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import lightning as L
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from project.console import HelpFormatter
 from project.cv.folds import KFold
-from project.monitors import MetricHistory
 from project.writer import numbered
 
 # What a fold reports: its best epoch's validation metrics, and the test metric of its best checkpoint.
@@ -54,7 +54,28 @@ def cv_folder(root: Path, command: dict[str, Any]) -> Path:
     return next(folder for folder in numbered(root, "cv_") if not folder.exists() or unfinished(folder))
 
 
-def fold_result(cli: Any, fold: int, history: MetricHistory, seconds: float) -> dict[str, Any]:
+class FoldHistory(L.Callback):
+    """Each validated epoch's ``val/acc`` and ``val/loss``, kept in the fold's checkpoints: a fold resumed after a
+    kill still reports the epochs before it."""
+
+    def __init__(self) -> None:
+        self.epochs: list[dict[str, float]] = []
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        logged = trainer.callback_metrics
+        if not trainer.sanity_checking and VAL_ACC in logged:
+            kept = [e for e in self.epochs if e["epoch"] != trainer.current_epoch]  # an epoch validated again
+            scores = {key: float(logged[key]) for key in (VAL_ACC, VAL_LOSS) if key in logged}
+            self.epochs = [*kept, {"epoch": trainer.current_epoch, **scores}]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epochs": self.epochs}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.epochs = list(state_dict["epochs"])
+
+
+def fold_result(cli: Any, fold: int, history: FoldHistory, seconds: float) -> dict[str, Any]:
     """What one finished fold reports: its best epoch (by ``val/acc``), its best checkpoint and, if run, its test."""
     if not history.epochs:
         raise RuntimeError(f"fold {fold} logged no {VAL_ACC}: did it validate (trainer.limit_val_batches > 0)?")
@@ -154,7 +175,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             fit.append(f"--ckpt_path={last}")
         else:
             print(f"cv: fold {fold} of {args.folds}")
-        history, start = MetricHistory([VAL_ACC, VAL_LOSS]), time.perf_counter()
+        history, start = FoldHistory(), time.perf_counter()
         cli = run(fit, callbacks=[history], run_folder=(f"{name}/{folder.name}", f"fold_{fold}"))
         result = fold_result(cli, fold, history, time.perf_counter() - start)
         done.write_text(json.dumps(result, indent=2) + "\n")

@@ -31,7 +31,6 @@ import yaml
 
 from project.console import HelpFormatter
 from project.errors import UserError
-from project.monitors import MetricHistory
 
 try:
     import optuna
@@ -287,8 +286,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-class Tracker(MetricHistory):
-    """The trial's metric after each epoch's validation, and its HParams entry in TensorBoard, pruned or not.
+class Tracker(L.Callback):
+    """The trial's metric after each epoch's validation (kept in its checkpoints, so a resumed trial keeps its earlier
+    epochs), and its HParams entry in TensorBoard, pruned or not.
 
     Args:
         metric: The logged metric the trial is judged on (``val/acc``).
@@ -297,15 +297,24 @@ class Tracker(MetricHistory):
     """
 
     def __init__(self, metric: str, direction: str, params: dict[str, Any]) -> None:
-        super().__init__([metric])
         self.metric, self.direction, self.params = metric, direction, params
+        self.epochs: dict[int, float] = {}  # epoch -> the metric after its validation
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.sanity_checking and self.metric in trainer.callback_metrics:
+            self.epochs[trainer.current_epoch] = float(trainer.callback_metrics[self.metric])
 
     @property
     def best(self) -> float | None:
-        values = self.values(self.metric)
-        if not values:
+        if not self.epochs:
             return None
-        return max(values) if self.direction == "maximize" else min(values)
+        return max(self.epochs.values()) if self.direction == "maximize" else min(self.epochs.values())
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epochs": self.epochs}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.epochs = dict(state_dict["epochs"])
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         # A pruned trial never reaches the CLI's after_fit, which writes the HParams entry: write it here.

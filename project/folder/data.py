@@ -217,22 +217,23 @@ class ImageFolderDataModule(L.LightningDataModule):
         if "all" in datasets:
             self.full = datasets.pop("all")
             generator = torch.Generator().manual_seed(self.seed)
-            order = torch.randperm(len(self.full), generator=generator).tolist()
+            order = torch.randperm(len(self.full), generator=generator)
             n_val = max(1, round(len(self.full) * self.val_fraction))
             if n_val >= len(self.full):
                 raise FolderDataError(
                     f"data.root: {len(self.full)} image(s) are too few to hold out a validation split."
                 )
-            datasets["train"], datasets["val"] = Subset(self.full, order[n_val:]), Subset(self.full, order[:n_val])
+            self.splits = {}
+            self.use_split(order[n_val:], order[:n_val])  # the seeded split is a split like a fold's
         else:
             self.full = datasets["train"]
-        self.splits = {**datasets, "test": datasets["val"], "predict": datasets["val"]}
-        self._measure_normalisation(datasets["train"])
+            self.splits = {**datasets, "test": datasets["val"], "predict": datasets["val"]}
+            self._measure_normalisation(datasets["train"])
         if self.skipped:
             shown = "; ".join(f"{p}: {why}" for p, why in self.skipped[:5])
             more = f" (and {len(self.skipped) - 5} more)" if len(self.skipped) > 5 else ""
             rank_zero_info(f"Skipped {len(self.skipped)} file(s) that could not be decoded: {shown}{more}.")
-        sizes = ", ".join(f"{k} {len(v)}" for k, v in datasets.items())
+        sizes = ", ".join(f"{k} {len(self.splits[k])}" for k in ("train", "val"))  # type: ignore[arg-type]
         where = "in memory" if in_memory else "read from disk per batch"
         rank_zero_info(f"{self.root}: {self.num_classes} classes ({', '.join(self.class_names)}); {sizes}; {where}.")
 

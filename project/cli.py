@@ -9,7 +9,7 @@ from typing import Any, ClassVar, Literal
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import EarlyStopping, LearningRateFinder, ModelCheckpoint, WeightAveraging
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint, WeightAveraging
 from lightning.pytorch.cli import LightningArgumentParser
 from lightning.pytorch.utilities import rank_zero_info
 
@@ -31,7 +31,6 @@ class CLI(RunFolderCLI):
     NAMED_CALLBACKS: ClassVar[dict[str, type]] = {
         "checkpoint": ModelCheckpoint,
         "early_stopping": EarlyStopping,
-        "lr_find": LearningRateFinder,  # configs/lr_find.yaml
         "averaging": WeightAveraging,
     }
 

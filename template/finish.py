@@ -32,14 +32,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-FEATURES = ("serve", "tune", "export", "elastic", "folder", "cv", "track", "notebooks", "slurm", "github", "container")
+FEATURES = (
+    *("serve", "tune", "export", "elastic", "folder", "cv", "lr_find"),
+    *("track", "notebooks", "slurm", "github", "container"),
+)
 TEMPLATE_ONLY = "template"
 TEXT_SUFFIXES = {".py", ".yaml", ".yml", ".toml", ".md", ".ipynb", ".cfg", ".txt", ".lock", ".sh", ".html", ".sbatch"}
 TEXT_NAMES = {"Makefile", "run", ".gitignore", "Containerfile", ".containerignore"}  # run: .ci/run
 SKIP_DIRS = {".git", ".venv", "venv", "logs", "data", "exports", "__pycache__", ".pytest_cache", ".ruff_cache"}
 TEMPLATE_NAME = "project"  # the package's name in the template
 
-TAGS = r"([a-z][a-z ]*?)"
+TAGS = r"([a-z][a-z_ ]*?)"  # feature names: lower case, words joined by _
 LINE_MARK = re.compile(rf"\s*(?:#\s*\[{TAGS}\]|<!--\s*\[{TAGS}\]\s*-->)\s*$")
 OPEN = re.compile(rf"^\s*(?:#|<!--)\s*>>>\s*{TAGS}\s*(?:-->)?\s*$")
 CLOSE = re.compile(rf"^\s*(?:#|<!--)\s*<<<\s*{TAGS}\s*(?:-->)?\s*$")

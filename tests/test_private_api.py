@@ -26,7 +26,9 @@ PRIVATE = [
     ("lightning.pytorch.callbacks:ModelCheckpoint", "_monitor_candidates", ["self", "trainer"]),
     ("lightning.pytorch.callbacks:ModelCheckpoint", "_should_save_on_train_epoch_end", ["self", "trainer"]),
     ("lightning.pytorch.callbacks:ModelCheckpoint", "_last_global_step_saved", None),
-    ("lightning.pytorch.utilities.exceptions", "_TunerExitException", None),  # lr_finder.py: --lr_find.train_after
+    # >>> lr_find
+    ("lightning.pytorch.utilities.exceptions", "_TunerExitException", None),  # lr_find/report.py: train_after false
+    # <<< lr_find
     ("torch.optim.lr_scheduler:LRScheduler", "_last_lr", None),  # schedules.py
     ("argparse:ArgumentParser", "_option_string_actions", None),  # mistakes.py: the options a parser knows
     ("argparse:HelpFormatter", "_get_help_string", ["self", "action"]),  # console.py: overridden, no "(default: None)"
@@ -67,10 +69,12 @@ WHY = {
     "_monitor_candidates": LAST_CKPT,
     "_should_save_on_train_epoch_end": LAST_CKPT,
     "_last_global_step_saved": LAST_CKPT,
+    # >>> lr_find
     # How a tuner callback ends fit without training and without a traceback: Lightning's own BatchSizeFinder and
     # LearningRateFinder raise it (Lightning-AI/pytorch-lightning#11089); Trainer.should_stop still runs a sanity
     # validation and the fit hooks.
     "_TunerExitException": "Lightning-AI/pytorch-lightning#11089",
+    # <<< lr_find
     # A schedule whose horizon changes on resume must set the rate get_last_lr() reports: load_state_dict does
     # not recompute it (pytorch/pytorch#29697, #65342, open).
     "_last_lr": "pytorch/pytorch#29697",

@@ -1,4 +1,4 @@
-"""The learning-rate range test before fit: Lightning's ``LearningRateFinder`` plus what a user does with it."""
+"""LearningRateReport: Lightning's ``LearningRateFinder`` plus what a user does with its result."""
 
 import json
 from pathlib import Path

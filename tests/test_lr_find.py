@@ -3,7 +3,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from project.lr_finder import LearningRateReport
+from project.lr_find.report import LearningRateReport
 from tests.conftest import ROOT
 
 

@@ -68,6 +68,25 @@ def test_the_table_gives_mean_min_max_per_seed_and_the_ratio_to_the_loop(recipes
     assert "| held (each >= 0.9905, mean >= 0.9915) |" in kept
 
 
+def test_the_table_gives_best_over_the_recipe_it_replaced_run_beside_it(recipes):
+    def run(process: float) -> dict:
+        return {
+            "test_acc": 0.997,
+            "epochs": 14,
+            "fit_s": 1.0,
+            "first_step_s": 1.0,
+            "process_s": process,
+            "precision": "x",
+        }
+
+    best, before = [run(300.0), run(330.0), run(280.0)], [run(300.0), run(275.0), run(280.0)]
+    table = recipes.table({"best": best, "best-12": before}, [1, 2, 3], [])
+    assert "median **1.00** (1.00, 1.20, 1.00; the promise, <= 1.10: held)" in table  # round by round, not medians
+    slower = recipes.table({"best": [run(340.0)] * 3, "best-12": before}, [1, 2, 3], [])
+    assert "median **1.21** (1.13, 1.24, 1.21; the promise, <= 1.10: missed)" in slower
+    assert "`best` whole process" not in recipes.table({"best": best}, [1, 2, 3], [])  # no reference: no ratio
+
+
 def test_a_seed_a_recipe_was_tuned_on_is_refused_before_anything_runs(recipes, monkeypatch):
     monkeypatch.setenv("PATH_DATASETS", "unused")
     tuned = recipes.TUNED_ON["fast"][0]

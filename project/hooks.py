@@ -134,6 +134,16 @@ class AddsCallbackKeys(Protocol):
     CALLBACK_KEYS: dict[str, str]
 
 
+@runtime_checkable
+class AddsDefaultCallbacks(Protocol):
+    """A feature whose callbacks every run gets unless switched off, each under a top-level key of its own
+    (``--timer null`` switches one off, ``--timer.duration 00:01:00:00`` sets it): key -> import path of the callback,
+    built with its defaults. The recipe (``configs/default.yaml``) need not name them: delete the folder and they
+    are gone."""
+
+    DEFAULT_CALLBACKS: dict[str, str]
+
+
 def features() -> list[ModuleType]:
     """The features present: each folder of the package with an ``__init__.py``, imported (it is light). Delete a
     folder and whatever it declared is gone, with no edit elsewhere."""

@@ -37,7 +37,7 @@ from project.checkpointing import (
 )
 from project.console import prog_name
 from project.errors import UserError
-from project.hooks import AddsCallbackKeys, Finishes, LogsConfig, UsesRunFolder, features
+from project.hooks import AddsCallbackKeys, AddsDefaultCallbacks, Finishes, LogsConfig, UsesRunFolder, features
 from project.inputs import KeepInputContract
 from project.mistakes import (
     SuggestingParser,
@@ -303,8 +303,8 @@ class RunFolderCLI(LightningCLI):
     removed; a checkpoint's hyperparameters beat ``--model.*`` options, and the user is told which; a Trainer option
     this machine cannot run, a bad value and a learning rate <= 0 are one line each. Every run gets the callbacks a
     checkpoint needs beyond Lightning's (the job, the random state, the input contract) and the NaN-loss stop. The
-    subclass's ``NAMED_CALLBACKS``, and those the features declare (``hooks.AddsCallbackKeys``), are top-level
-    callback keys (``--early_stopping null``).
+    subclass's ``NAMED_CALLBACKS``, and those the features declare (``hooks.AddsCallbackKeys``, on by default with
+    ``hooks.AddsDefaultCallbacks``), are top-level callback keys (``--early_stopping null``).
 
     Args:
         model_class: The LightningModule; ``datamodule_class``: the DataModule (both as LightningCLI takes them).
@@ -370,11 +370,16 @@ class RunFolderCLI(LightningCLI):
         return {self.argv[0]: every[self.argv[0]]} if self.argv and self.argv[0] in every else every
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        on: dict[str, dict[str, str]] = {}  # the default callbacks' keys: on unless the config says `key: null`
         for feature in features():
             if isinstance(feature, AddsCallbackKeys):
                 self.named_callbacks |= {key: import_class(path) for key, path in feature.CALLBACK_KEYS.items()}
+            if isinstance(feature, AddsDefaultCallbacks):
+                self.named_callbacks |= {key: import_class(path) for key, path in feature.DEFAULT_CALLBACKS.items()}
+                on |= {key: {"class_path": path} for key, path in feature.DEFAULT_CALLBACKS.items()}
         for key, base in self.named_callbacks.items():
             parser.add_subclass_arguments(base, key, fail_untyped=False, required=False)
+        parser.set_defaults(on)
 
     def evaluating_a_checkpoint(self) -> bool:
         """validate, test or predict of a ``--ckpt_path``: the model is the checkpoint's, not the data's."""

@@ -41,6 +41,13 @@ WORDS = {
     "folder": [r"imagefolder", r"folder\.(?:yaml|py|md)\b", r"\w/folder\b", r"\.folder\.data\b"],
     "cv": [r"\bcv\b", r"cross-validation", r"k-fold", r"\bkfold\b", r"cv\.(?:md|sbatch)\b"],
     "lr_find": [r"lr_find", r"learning-rate finder", r"range test", r"LearningRateReport", r"TunerExit"],
+    "monitors": [
+        r"LayerHistograms",
+        r"ThroughputMonitor",
+        r"\.monitors\b",
+        r"\bmonitors(?:/|\.md|\.py)",
+        r"--histograms",
+    ],
     "track": [
         *[r"mlflow", r"wandb", r"weights & biases", r"\bW&B\b", r"\btrack\b"],
         *[r"StepProfiler", r"PyTorchProfiler", r"profiler\.py", r"profile\.yaml"],

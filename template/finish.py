@@ -34,7 +34,7 @@ from pathlib import Path
 
 FEATURES = (
     *("serve", "tune", "export", "elastic", "folder", "cv", "lr_find"),
-    *("track", "notebooks", "slurm", "github", "container"),
+    *("monitors", "track", "notebooks", "slurm", "github", "container"),
 )
 TEMPLATE_ONLY = "template"
 TEXT_SUFFIXES = {".py", ".yaml", ".yml", ".toml", ".md", ".ipynb", ".cfg", ".txt", ".lock", ".sh", ".html", ".sbatch"}

@@ -99,3 +99,37 @@ def test_a_features_callback_keys_are_top_level_keys_that_go_with_its_folder(mon
     with pytest.raises(SystemExit) as info:
         cli_main([*args, "--print_config"])
     assert info.value.code == 2 and "--swa" in capsys.readouterr().err
+
+
+def test_a_features_default_callbacks_are_on_until_switched_off_and_go_with_its_folder(monkeypatch, capsys):
+    """A feature declares callbacks every run gets (hooks.AddsDefaultCallbacks, e.g. the monitors): each is a
+    top-level key that is on with no word in the recipe, `--key null` switches it off, and without the folder the
+    key is unknown."""
+    import types
+
+    import pytest
+
+    import project.runs
+    from project.__main__ import cli_main
+    from project.hooks import AddsDefaultCallbacks
+
+    mine = types.ModuleType("mine")
+    mine.DEFAULT_CALLBACKS = {"timer": "lightning.pytorch.callbacks.Timer"}  # type: ignore[attr-defined]
+    assert isinstance(mine, AddsDefaultCallbacks)
+    monkeypatch.setattr(project.runs, "features", lambda: [mine])
+
+    def printed(*args: str) -> tuple[int, str]:
+        with pytest.raises(SystemExit) as info:
+            cli_main(["fit", *args, "--print_config"])
+        out = capsys.readouterr()
+        return info.value.code, out.out + out.err
+
+    code, config = printed("--timer.interval=epoch")
+    assert code == 0 and "timer:\n  class_path: lightning.pytorch.callbacks.Timer" in config, config
+    assert "interval: epoch" in config
+    code, config = printed("--timer=null")
+    assert code == 0 and "\ntimer: null" in config, config
+    monkeypatch.setattr(project.runs, "features", lambda: [])  # the folder deleted
+    code, config = printed()
+    assert code == 0 and "timer" not in config
+    assert printed("--timer=null")[0] == 2

@@ -64,12 +64,14 @@ def test_tensorboard_server_lists_scalars_images_and_hparams(tensorboard_run):
         run = "mnist/version_0"
         for tag in ("train/loss_step", "train/acc", "val/loss", "val/acc", "val/acc_best", "test/acc", "lr-AdamW"):
             assert tag in scalars[run], tag
+        # >>> monitors
         # LayerHistograms: every parameter's weights and last-step gradient, and the per-parameter gradient norm.
         histograms = get(f"{base}/histograms/tags")[run]
         for name in ("net.features.0.weight", "net.classifier.4.bias"):
             assert f"weights/{name}" in histograms and f"grads/{name}" in histograms, name
             assert f"grad_norm/{name}" in scalars[run], name
         assert len(get(f"{base}/histograms/histograms?run={run}&tag=weights/net.features.0.weight")) == 2  # per epoch
+        # <<< monitors
         images = get(f"{base}/images/tags")[run]
         assert {"inputs/train_samples", "val/confusion_matrix", "val/worst_misclassified"} <= set(images)
         assert images["val/confusion_matrix"]["samples"] == 1

@@ -1,4 +1,4 @@
-"""Seeing inside a run, on by default: per-layer weight and gradient histograms, training throughput."""
+"""The two monitors: weight and gradient histograms once per epoch, samples and batches per second."""
 
 import warnings
 from typing import Any

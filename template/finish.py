@@ -36,6 +36,12 @@ FEATURES = (
     *("serve", "tune", "export", "elastic", "folder", "cv", "lr_find"),
     *("monitors", "track", "notebooks", "slurm", "github", "container"),
 )
+# Features that were part of the core in earlier versions of the template. An update keeps the features recorded in
+# .copier-answers.yml, so a project copied before one of these was split out loses it unless the user adds it back.
+SPLIT_FROM_THE_CORE = {
+    "lr_find": "the learning-rate range test, configs/lr_find.yaml",
+    "monitors": "weight/gradient histograms and throughput in every run",
+}
 TEMPLATE_ONLY = "template"
 TEXT_SUFFIXES = {".py", ".yaml", ".yml", ".toml", ".md", ".ipynb", ".cfg", ".txt", ".lock", ".sh", ".html", ".sbatch"}
 TEXT_NAMES = {"Makefile", "run", ".gitignore", "Containerfile", ".containerignore"}  # run: .ci/run
@@ -263,7 +269,25 @@ def finish(
             for p in files
         ]
     tidy(root, [p for p in files if p.suffix == ".py"], template or Path(__file__).resolve().parents[1])
+    if operation == "update":
+        for line in split_out_notes(features):
+            print(line, file=sys.stderr)
     return files
+
+
+def split_out_notes(features: set[str]) -> list[str]:
+    """One line for each feature split out of the core that ``features`` leave out: what it was, and the update
+    that keeps it (the recorded features plus that one)."""
+    notes = []
+    for feature, what in SPLIT_FROM_THE_CORE.items():
+        if feature not in features:
+            kept = ",".join(f for f in FEATURES if f in features or f == feature)
+            notes.append(
+                f"note: {feature} ({what}) was part of the core in earlier versions of the template and is not among "
+                f"this project's features, so this update leaves it out. To keep it: "
+                f"copier update --trust --defaults --data 'features=[{kept}]'"
+            )
+    return notes
 
 
 def locked_ruff(template: Path) -> str:

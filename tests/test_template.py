@@ -14,7 +14,7 @@ from tests.conftest import ROOT
 copier = pytest.importorskip("copier", reason="copier is not installed: pip install -e '.[dev]'")
 sys.path.insert(0, str(ROOT / "template"))
 from combos import PACKAGE, WORDS, generate, mentions  # noqa: E402 (template/ is not a package)
-from finish import FEATURES, SKIP_DIRS, MarkerError, strip, text_files  # noqa: E402
+from finish import FEATURES, SKIP_DIRS, SPLIT_FROM_THE_CORE, MarkerError, split_out_notes, strip, text_files  # noqa: E402
 
 
 def repository_files() -> list[Path]:
@@ -110,7 +110,7 @@ def git(*args: str, cwd: Path) -> str:
 
 
 @pytest.mark.slow  # copier copies of the template's history, a refused rename and a test run of the copy: ~60 s
-def test_copier_update_brings_a_template_change_and_keeps_the_users_edit(tmp_path, monkeypatch):
+def test_copier_update_brings_a_template_change_and_keeps_the_users_edit(tmp_path, monkeypatch, capfd):
     """The template as a user clones it (no tags): a copy, the user's edit and own files, a template change, then
     `copier update` changes only what the template changed; a rename by update is refused and changes nothing."""
     for key, value in {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@x", "GIT_COMMITTER_NAME": "t"}.items():
@@ -149,8 +149,11 @@ def test_copier_update_brings_a_template_change_and_keeps_the_users_edit(tmp_pat
     git("commit", "-qam", "6 epochs", cwd=template)
     answers = (project / ".copier-answers.yml").read_text()
 
+    capfd.readouterr()
     copier.run_update(project, defaults=True, unsafe=True, overwrite=True, quiet=True)
 
+    # The core-only project is told which features split out of the core it leaves out, and how to keep one.
+    assert "copier update --trust --defaults --data 'features=[monitors]'" in capfd.readouterr().err
     assert "max_epochs: 6\n" in (project / "configs" / "default.yaml").read_text()
     assert net.read_text() == edited
     assert all(path.read_text() == text for path, text in mine.items()), "the update touched the user's files"
@@ -220,3 +223,13 @@ def test_the_task_formats_only_the_files_it_is_given(tmp_path):
         path.write_text("x = [1,\n  2]\n")
     finish.tidy(tmp_path, [ours], ROOT)
     assert ours.read_text() == "x = [1, 2]\n" and theirs.read_text() == "x = [1,\n  2]\n"
+
+
+def test_an_update_names_each_feature_split_out_of_the_core_that_the_project_leaves_out():
+    """A project copied before a part of the core became a feature has no record of it among its features: each
+    update says so, with the command that keeps it (the recorded features plus that one)."""
+    assert set(SPLIT_FROM_THE_CORE) <= set(FEATURES)
+    notes = split_out_notes({"serve", "lr_find"})
+    assert len(notes) == len(SPLIT_FROM_THE_CORE) - 1 and notes[0].startswith("note: monitors ")
+    assert notes[0].endswith("--data 'features=[serve,lr_find,monitors]'")
+    assert split_out_notes(set(FEATURES)) == []

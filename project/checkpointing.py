@@ -69,53 +69,6 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 tmp.unlink(missing_ok=True)
 
 
-class BestAndLastCheckpoint(ModelCheckpoint):
-    """``ModelCheckpoint`` whose ``last.ckpt`` is rewritten at every save point, improved or not.
-
-    Lightning 2.6 rewrites ``last.ckpt`` only when a top-k file was saved at the same step: after an epoch whose
-    monitored metric did not improve, ``last.ckpt`` would still hold an older epoch, and ``--ckpt_path last``
-    would silently repeat work. Same arguments as ``ModelCheckpoint``, and:
-
-    Args:
-        last_every_n_train_steps: Also rewrite ``last.ckpt`` every this many training steps (0: only where
-            ``ModelCheckpoint`` saves), so a killed worker loses at most that many steps.
-    """
-
-    def __init__(self, *args: Any, last_every_n_train_steps: int = 0, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        if last_every_n_train_steps < 0:
-            raise ValueError(f"last_every_n_train_steps must be >= 0, got {last_every_n_train_steps}")
-        self.last_every_n_train_steps = last_every_n_train_steps
-
-    # Each save point runs with SIGINT / SIGTERM held: an interrupt between ModelCheckpoint naming a new best file and
-    # writing it would otherwise leave a last.ckpt whose best_model_path is a file that never existed.
-    def on_train_batch_end(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        with signals_held():
-            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
-            n = self.last_every_n_train_steps
-            # Every rank gets here at the same global step: the save's barrier needs them all; rank 0 writes.
-            if n and trainer.global_step % n == 0 and not self._should_skip_saving_checkpoint(trainer):
-                self._save_last_if_missed(trainer)
-
-    def _save_last_if_missed(self, trainer: L.Trainer) -> None:
-        if self.save_last and self._last_global_step_saved != trainer.global_step:
-            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
-
-    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        with signals_held():
-            super().on_train_epoch_end(trainer, pl_module)
-            if not self._should_skip_saving_checkpoint(trainer) and self._should_save_on_train_epoch_end(trainer):
-                self._save_last_if_missed(trainer)
-
-    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        with signals_held():
-            super().on_validation_end(trainer, pl_module)
-            if not self._should_skip_saving_checkpoint(trainer) and not self._should_save_on_train_epoch_end(trainer):
-                self._save_last_if_missed(trainer)
-
-
 class SaveOnInterrupt(L.Callback):
     """On SIGTERM or Ctrl-C during ``fit``, save ``last.ckpt`` in the run's checkpoint folder and say how to resume.
 
@@ -187,8 +140,8 @@ class SaveOnInterrupt(L.Callback):
 def forget_unwritten(callback: ModelCheckpoint) -> None:
     """Drop from ``callback``'s top-k the files an interrupted save named but never wrote.
 
-    A plain ``ModelCheckpoint`` records a new best before writing it (``BestAndLastCheckpoint`` holds interrupts
-    for the whole step): saved as is, last.ckpt would name a missing best, and a resumed fit's test of "best" fails.
+    ``ModelCheckpoint`` records a new best before writing it: a Ctrl-C in between, saved as is, would leave a last.ckpt
+    naming a missing best, and a resumed fit's test of "best" would fail. (SIGTERM is only noted until the batch ends.)
     """
     written = {path: score for path, score in callback.best_k_models.items() if Path(path).is_file()}
     if len(written) == len(callback.best_k_models):
@@ -241,13 +194,14 @@ def find_last_checkpoint(root: Path) -> Path | None:
 
 def best_checkpoint(root: Path) -> Path | None:
     """The best checkpoint of the newest run under ``root`` (e.g. ``logs/mnist``), as its ``last.ckpt`` records it
-    (ModelCheckpoint's ``best_model_path``, looked up beside it: the run folder may have moved); None without one."""
+    (ModelCheckpoint's ``best_model_path``, looked up beside it: the run folder may have moved); None without one.
+    The recipe's ``last_checkpoint`` records ``last.ckpt`` itself as its "best": not a best of anything."""
     last = find_last_checkpoint(root)
     if last is None:
         return None
     for state in load_checkpoint(str(last)).get("callbacks", {}).values():
         best = state.get("best_model_path") if isinstance(state, dict) else None
-        if best and (last.parent / Path(best).name).is_file():
+        if best and Path(best).name != last.name and (last.parent / Path(best).name).is_file():
             return last.parent / Path(best).name
     return None
 

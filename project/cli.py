@@ -27,9 +27,11 @@ class CLI(RunFolderCLI):
     made. ``RunFolderCLI`` (``runs.py``) keeps the run folders and says what went wrong."""
 
     # Top-level keys (`--early_stopping.patience 5`, `--early_stopping null`): `--trainer.callbacks.patience`
-    # would change the last callback of the list instead.
+    # would change the last callback of the list instead. `checkpoint` before `last_checkpoint`: Lightning runs the
+    # ModelCheckpoints in this order, so last.ckpt records the best that the same validation has just saved.
     NAMED_CALLBACKS: ClassVar[dict[str, type]] = {
         "checkpoint": ModelCheckpoint,
+        "last_checkpoint": ModelCheckpoint,
         "early_stopping": EarlyStopping,
         "averaging": WeightAveraging,
     }

@@ -160,27 +160,15 @@ def test_sigterm_to_one_process_of_a_ddp_fit_stops_both_at_one_step_and_saves(mn
     assert load_checkpoint(checkpoints / "last.ckpt")["global_step"] > 0
 
 
-class LastCkptSteps(L.Callback):
-    """Records the global step held by last.ckpt at the start of every training batch."""
-
-    seen: list[int] = []  # noqa: RUF012 (one test reads it back)
-
-    def on_train_batch_start(self, trainer: L.Trainer, *args) -> None:
-        last = Path(trainer.checkpoint_callback.dirpath) / "last.ckpt"
-        if last.is_file():
-            LastCkptSteps.seen.append(load_checkpoint(last)["global_step"])
-
-
-def test_last_ckpt_is_rewritten_every_n_training_steps_mid_epoch(run_cli):
-    LastCkptSteps.seen = []
-    run_cli(
-        "fit",
-        "--checkpoint.init_args.last_every_n_train_steps=2",
-        "--trainer.limit_train_batches=5",
-        "--data.batch_size=16",  # 8 batches in the epoch, 5 of them run
-        "--trainer.callbacks+=tests.test_checkpointing.LastCkptSteps",
-    )
-    assert LastCkptSteps.seen == [2, 2, 4]  # saved after steps 2 and 4 of the 5-step epoch
+def test_last_ckpt_is_rewritten_every_epoch_also_when_the_best_did_not_improve(run_cli, tmp_path):
+    # monitor=epoch in mode min: epoch 0 stays the best, so ModelCheckpoint's own save_last would keep epoch 0 in
+    # last.ckpt; the recipe's last_checkpoint rewrites it after every epoch.
+    run_cli("fit", "--trainer.max_epochs=3", "--checkpoint.monitor=epoch", "--checkpoint.mode=min")
+    (last,) = (tmp_path / "logs").rglob("last.ckpt")
+    checkpoint = load_checkpoint(last)
+    assert checkpoint["epoch"] == 2 and checkpoint["global_step"] == 9
+    (best,) = (s["best_model_path"] for s in checkpoint["callbacks"].values() if s.get("monitor") == "epoch")
+    assert Path(best).name.startswith("epoch00")  # and it records the top-k callback's best, beside it
 
 
 def test_ckpt_path_auto_starts_a_run_then_resumes_it_in_the_same_folder(run_cli, tmp_path, lightning_log):
@@ -444,14 +432,9 @@ class InterruptWhileSavingBest(L.Callback):
             os.kill(os.getpid(), signal.SIGINT)
 
 
-@pytest.mark.parametrize(
-    "checkpointing", ["project.checkpointing.BestAndLastCheckpoint", "lightning.pytorch.callbacks.ModelCheckpoint"]
-)
-def test_ctrl_c_while_a_new_best_is_saved_leaves_a_last_ckpt_naming_only_written_files(
-    run_cli, tmp_path, checkpointing
-):
+def test_ctrl_c_while_a_new_best_is_saved_leaves_a_last_ckpt_naming_only_written_files(run_cli, tmp_path):
     # monitor=epoch: every epoch is a new best, so epoch 1 replaces epoch 0's file.
-    options = ["--trainer.max_epochs=3", f"--checkpoint.class_path={checkpointing}", "--checkpoint.monitor=epoch"]
+    options = ["--trainer.max_epochs=3", "--checkpoint.monitor=epoch"]
     InterruptWhileSavingBest.sent = False
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # a background job's pytest ignores SIGINT
     try:
@@ -461,12 +444,10 @@ def test_ctrl_c_while_a_new_best_is_saved_leaves_a_last_ckpt_naming_only_written
         signal.signal(signal.SIGINT, previous)
     assert InterruptWhileSavingBest.sent
     (last,) = (tmp_path / "logs").rglob("last.ckpt")
-    (state,) = (s for s in load_checkpoint(last)["callbacks"].values() if "best_model_path" in s)
+    (state,) = (s for s in load_checkpoint(last)["callbacks"].values() if s.get("monitor") == "epoch")
     assert all(Path(path).is_file() for path in state["best_k_models"])
-    if checkpointing.endswith("BestAndLastCheckpoint"):  # interrupts wait for the whole save: epoch 1's file is there
-        assert Path(state["best_model_path"]).name.startswith("epoch01")
-    else:  # Lightning's own names epoch 1 before writing it: forgotten, and the next epoch saves a new best
-        assert state["best_model_path"] == "" and state["best_k_models"] == {}
+    # ModelCheckpoint names epoch 1 before writing it: forgotten, and the next epoch saves a new best.
+    assert state["best_model_path"] == "" and state["best_k_models"] == {}
     resumed = run_cli("fit", *options, "--ckpt_path=last", "--test_after_fit=true")
     assert resumed.trainer.current_epoch == 3 and "test/acc" in resumed.trainer.callback_metrics
     assert Path(resumed.trainer.checkpoint_callback.best_model_path).name.startswith("epoch02")

@@ -228,9 +228,8 @@ def test_switching_a_trainer_feature_off_drops_what_needs_it(run_cli, lightning_
         assert "LearningRateMonitor" in notice and "TensorBoardImages" in notice
         assert not list(tmp_path.glob("config*.yaml"))  # nothing dropped into the working directory
     if "enable_checkpointing" in off:
-        assert (
-            "checkpoint: BestAndLastCheckpoint" in notice and "SaveOnInterrupt" in notice and "final weights" in notice
-        )
+        assert "checkpoint: ModelCheckpoint" in notice and "last_checkpoint: ModelCheckpoint" in notice
+        assert "SaveOnInterrupt" in notice and "final weights" in notice
     if "enable_progress_bar" in off:
         assert "RichProgressBar" in notice
 

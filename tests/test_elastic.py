@@ -14,6 +14,7 @@ import threading
 import time
 from pathlib import Path
 
+import lightning as L
 import pytest
 
 from project.__main__ import cli_main
@@ -22,6 +23,33 @@ from tests.conftest import DEFAULT_CONFIG, ROOT
 
 STEPS_PER_EPOCH = 8  # 128 training images, 2 workers x 8 per step
 EPOCHS = 6
+
+
+class LastCkptSteps(L.Callback):
+    """Records the global step held by last.ckpt at the start of every training batch."""
+
+    seen: list[int] = []  # noqa: RUF012 (one test reads it back)
+
+    def on_train_batch_start(self, trainer: L.Trainer, *args) -> None:
+        last = Path(trainer.checkpoint_callback.dirpath) / "last.ckpt"
+        if last.is_file():
+            LastCkptSteps.seen.append(load_checkpoint(last)["global_step"])
+
+
+def test_last_ckpt_is_rewritten_every_n_training_steps_and_every_epoch(run_cli):
+    LastCkptSteps.seen = []
+    run_cli(
+        "fit",
+        "--trainer.strategy=auto",  # one process: the steps, not the restarts
+        "--step_checkpoint.init_args.every_n_train_steps=2",
+        "--trainer.max_epochs=2",
+        "--trainer.limit_train_batches=5",
+        "--data.batch_size=16",  # 8 batches in an epoch, 5 of them run
+        "--trainer.callbacks+=tests.test_elastic.LastCkptSteps",
+        config=("elastic.yaml",),
+    )
+    # Steps 2, 4, 6, 8 and 10 (step_checkpoint), and the end of epoch 0 at step 5 (the recipe's last_checkpoint).
+    assert LastCkptSteps.seen == [2, 2, 4, 5, 6, 6, 8, 8]
 
 
 def torchrun(tmp: Path, mnist_dir: Path, max_restarts: int, *extra: str) -> subprocess.Popen:
@@ -39,7 +67,7 @@ def torchrun(tmp: Path, mnist_dir: Path, max_restarts: int, *extra: str) -> subp
         "--trainer.enable_model_summary=false",
         f"--trainer.logger.init_args.save_dir={tmp / 'logs'}",
         "--test_after_fit=false",
-        "--checkpoint.init_args.last_every_n_train_steps=3",  # mid-epoch saves: 3, 6, 9 (epoch ends: 8, 16)
+        "--step_checkpoint.init_args.every_n_train_steps=3",  # mid-epoch saves: 3, 6, 9 (epoch ends: 8, 16)
         "--trainer.callbacks+=tests.slow_steps.SlowSteps",
         f"--trainer.callbacks.folder={tmp / 'progress'}",
         "--trainer.callbacks.seconds=0.15",

@@ -17,15 +17,9 @@ from tests.conftest import ROOT
 
 PACKAGE = ROOT / "project"
 
-# (where it lives, the name, the method's parameters, or None for an attribute or a class), and where it is used
-# (ModelCheckpoint's: checkpointing.py).
+# (where it lives, the name, the method's parameters, or None for an attribute or a class), and where it is used.
 # fmt: off
 PRIVATE = [
-    ("lightning.pytorch.callbacks:ModelCheckpoint", "_should_skip_saving_checkpoint", ["self", "trainer"]),
-    ("lightning.pytorch.callbacks:ModelCheckpoint", "_save_last_checkpoint", ["self", "trainer", "monitor_candidates"]),
-    ("lightning.pytorch.callbacks:ModelCheckpoint", "_monitor_candidates", ["self", "trainer"]),
-    ("lightning.pytorch.callbacks:ModelCheckpoint", "_should_save_on_train_epoch_end", ["self", "trainer"]),
-    ("lightning.pytorch.callbacks:ModelCheckpoint", "_last_global_step_saved", None),
     # >>> lr_find
     ("lightning.pytorch.utilities.exceptions", "_TunerExitException", None),  # lr_find/report.py: train_after false
     # <<< lr_find
@@ -56,19 +50,9 @@ DOCUMENTED = {"_exit"}  # os._exit: underscored, but public and documented
 
 # Why each name has no public route: the upstream thread. Checked on lightning 2.6.6, torch 2.14.1 and Python 3.11
 # (argparse); a feature's names on the versions its module names.
-LAST_CKPT = "Lightning-AI/pytorch-lightning#19325, openclimatefix/pvnet#544"  # BestAndLastCheckpoint's five names
 LITSERVE_751 = "Lightning-AI/LitServe#751 (serve/litserve_workarounds.py)"  # [serve]
 # fmt: off
 WHY = {
-    # Lightning 2.6 writes last.ckpt only beside a top-k save (openclimatefix/pvnet#544 describes it; upstream:
-    # "working as intended", Lightning-AI/pytorch-lightning#19325). A second plain ModelCheckpoint gives last.ckpt
-    # every epoch but not the save on every n-th training step from the same callback, nor one interrupt hold
-    # around each save point, so BestAndLastCheckpoint reaches into ModelCheckpoint's save logic.
-    "_should_skip_saving_checkpoint": LAST_CKPT,
-    "_save_last_checkpoint": LAST_CKPT,
-    "_monitor_candidates": LAST_CKPT,
-    "_should_save_on_train_epoch_end": LAST_CKPT,
-    "_last_global_step_saved": LAST_CKPT,
     # >>> lr_find
     # How a tuner callback ends fit without training and without a traceback: Lightning's own BatchSizeFinder and
     # LearningRateFinder raise it (Lightning-AI/pytorch-lightning#11089); Trainer.should_stop still runs a sanity

@@ -25,8 +25,8 @@ class WandbLogger(LightningWandbLogger):
             project: The W&B project the run belongs to.
             save_dir: Where W&B keeps its files (a ``wandb/`` folder); ``None``: the TensorBoard run's folder.
         name: The W&B run's name; ``None``: the TensorBoard run's, ``<name>/<version>``.
-            log_model: Log the checkpoints ModelCheckpoint keeps as W&B artifacts: ``True`` at the end, ``"all"`` as
-                they are written (offline too: they are uploaded with the run by ``wandb sync``).
+            log_model: Log the checkpoints as W&B artifacts: ``"all"`` as they are written (offline too: they are
+                uploaded with the run by ``wandb sync``); ``True`` at the end, of one ModelCheckpoint only.
             **kwargs: Lightning's ``WandbLogger`` arguments (``name``, ``tags``, ``group``, ...), then ``wandb.init``'s.
     """
 

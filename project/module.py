@@ -94,7 +94,7 @@ class MNISTClassifier(L.LightningModule):
 
     def validation_step(self, batch: Batch, batch_idx: int) -> dict[str, Tensor]:
         loss, logits = self._shared_step(batch, "val")
-        return {"loss": loss, "logits": logits.detach()}  # logits feed the TensorBoard confusion matrix
+        return {"loss": loss, "logits": logits.detach()}  # for callbacks that look at predictions (mistakes)
 
     def on_validation_epoch_end(self) -> None:
         self._log_epoch("val")

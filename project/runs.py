@@ -47,12 +47,11 @@ from project.mistakes import (
     quiet_lightning,
     raised_by_lightning,
 )
-from project.visuals import TensorBoardImages
 from project.writer import first_free, free_path, numbered
 
 # A Trainer feature that can be switched off, and the configured callbacks that cannot work without it.
 NEEDS_FEATURE: dict[str, tuple[type, ...]] = {
-    "logger": (LearningRateMonitor, TensorBoardImages),
+    "logger": (LearningRateMonitor,),
     "enable_checkpointing": (ModelCheckpoint, SaveOnInterrupt),
     "enable_progress_bar": (ProgressBar,),
 }
@@ -246,12 +245,17 @@ def write_metrics(trainer: L.Trainer) -> None:
         (folder / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
 
 
+def tensorboard_logger(trainer: L.Trainer) -> TensorBoardLogger | None:
+    """The trainer's first TensorBoardLogger (the HParams tab, and what features draw), or None."""
+    return next((logger for logger in trainer.loggers if isinstance(logger, TensorBoardLogger)), None)
+
+
 def hparams_summary(trainer: L.Trainer, model: L.LightningModule, data: L.LightningDataModule, metrics: dict) -> None:
     """Give TensorBoard's HParams tab the run's hyperparameters and its real results (``val/acc_best``, ...)."""
-    for logger in trainer.loggers:
-        if isinstance(logger, TensorBoardLogger) and metrics:
-            logger.log_hyperparams({"model": dict(model.hparams), "data": dict(data.hparams)}, metrics)
-            logger.experiment.flush()  # the Trainer has finalised the logger already: write it now
+    board = tensorboard_logger(trainer)
+    if board is not None and metrics:
+        board.log_hyperparams({"model": dict(model.hparams), "data": dict(data.hparams)}, metrics)
+        board.experiment.flush()  # the Trainer has finalised the logger already: write it now
 
 
 def warn_ignored_model_keys(given: Namespace, config: Namespace, argv: list[str], runtime: tuple[str, ...]) -> None:

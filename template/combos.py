@@ -43,6 +43,8 @@ WORDS = {
     "lr_find": [r"lr_find", r"learning-rate finder", r"range test", r"LearningRateReport", r"TunerExit"],
     "monitors": [
         r"LayerHistograms",
+        r"TensorBoardImages",
+        r"worst.misclassified",
         r"ThroughputMonitor",
         r"\.monitors\b",
         r"\bmonitors(?:/|\.md|\.py)",

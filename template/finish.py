@@ -40,7 +40,7 @@ FEATURES = (
 # .copier-answers.yml, so a project copied before one of these was split out loses it unless the user adds it back.
 SPLIT_FROM_THE_CORE = {
     "lr_find": "the learning-rate range test, configs/lr_find.yaml",
-    "monitors": "weight/gradient histograms and throughput in every run",
+    "monitors": "TensorBoard images, weight/gradient histograms and throughput in every run",
 }
 TEMPLATE_ONLY = "template"
 TEXT_SUFFIXES = {".py", ".yaml", ".yml", ".toml", ".md", ".ipynb", ".cfg", ".txt", ".lock", ".sh", ".html", ".sbatch"}

@@ -21,7 +21,7 @@ def test_prune_overlay_fine_tunes_to_the_target_sparsity(run_cli, trained_ckpt):
     )
     assert "callbacks:" not in (ROOT / "configs" / "prune.yaml").read_text()
     callbacks = [type(c).__name__ for c in cli.trainer.callbacks]
-    assert "GradualPruning" in callbacks and "TensorBoardImages" in callbacks, callbacks  # default.yaml's list kept
+    assert "GradualPruning" in callbacks and "LearningRateMonitor" in callbacks, callbacks  # default.yaml's list kept
     best = cli.trainer.checkpoint_callback.best_model_path
     assert "pruned-epoch02" in best  # the last, fully pruned epoch is the one kept
     state = torch.load(best, weights_only=True)["state_dict"]

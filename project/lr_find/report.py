@@ -10,7 +10,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import _TunerExitException
 from PIL import Image, ImageDraw
 
-from project.visuals import tensorboard
+from project.runs import tensorboard_logger
 
 
 class LearningRateReport(LearningRateFinder):
@@ -64,9 +64,9 @@ class LearningRateReport(LearningRateFinder):
         Image.fromarray(image).save(folder / "lr_find.png")
         record = {"lr": lrs, "loss": losses, "suggestion": self.suggestion, "range": [self.min_lr, self.max_lr]}
         (folder / "lr_find.json").write_text(json.dumps(record) + "\n")
-        if (board := tensorboard(trainer)) is not None:
-            board.add_image("lr_find/loss_vs_lr", image, 0, dataformats="HWC")
-            board.flush()
+        if (board := tensorboard_logger(trainer)) is not None:
+            board.experiment.add_image("lr_find/loss_vs_lr", image, 0, dataformats="HWC")
+            board.experiment.flush()
         if self.suggestion is None:
             rank_zero_info(f"Learning-rate finder: no suggestion (too few finite losses); curve in {folder}.")
             return

@@ -7,7 +7,7 @@ import lightning as L
 from lightning.pytorch.callbacks import ThroughputMonitor
 from torch import Tensor
 
-from project.visuals import tensorboard
+from project.runs import tensorboard_logger
 
 
 def batch_size(batch: Any) -> int:
@@ -44,7 +44,7 @@ class LayerHistograms(L.Callback):
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.is_global_zero:
             return
-        board = tensorboard(trainer)
+        board = tensorboard_logger(trainer)
         step = trainer.global_step
         norms = {f"grad_norm/{name}": float(g.norm()) for name, g in self._grads.items()}
         if norms:
@@ -52,9 +52,9 @@ class LayerHistograms(L.Callback):
                 logger.log_metrics(norms, step=step)
         if board is not None:
             for name, p in pl_module.named_parameters():
-                board.add_histogram(f"weights/{name}", p.detach().float().cpu(), step)
+                board.experiment.add_histogram(f"weights/{name}", p.detach().float().cpu(), step)
                 if name in self._grads:
-                    board.add_histogram(f"grads/{name}", self._grads[name], step)
+                    board.experiment.add_histogram(f"grads/{name}", self._grads[name], step)
         self._grads = {}
 
 

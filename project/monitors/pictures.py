@@ -9,16 +9,11 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
-from lightning.pytorch.loggers import TensorBoardLogger
 from PIL import Image, ImageDraw
 from torch import Tensor
 from torchmetrics.classification import MulticlassConfusionMatrix
 
-
-def tensorboard(trainer: L.Trainer) -> Any:
-    """The ``SummaryWriter`` of the trainer's first TensorBoardLogger (pictures and histograms go there), or None."""
-    board = next((logger for logger in trainer.loggers if isinstance(logger, TensorBoardLogger)), None)
-    return board.experiment if board is not None else None
+from project.runs import tensorboard_logger
 
 
 def to_uint8(images: Tensor) -> np.ndarray:
@@ -92,7 +87,8 @@ class TensorBoardImages(L.Callback):
     """Log input samples at the start of training, and after each validation epoch a confusion matrix and a grid
     of the worst-misclassified validation images (true / predicted label and the probability of the true one).
 
-    Expects ``validation_step`` to return a dict with ``logits`` (B, C). Does nothing without a TensorBoardLogger.
+    Expects ``validation_step`` to return a dict with ``logits`` (B, C). Does nothing without a TensorBoardLogger
+    (``--trainer.logger false``, or loggers of other kinds only): not even the confusion matrix is kept then.
 
     Args:
         num_classes: Classes of the confusion matrix; ``None`` takes the model's ``num_classes``.
@@ -107,8 +103,10 @@ class TensorBoardImages(L.Callback):
         self.samples = samples
         self._worst: tuple[Tensor, Tensor, Tensor, Tensor] | None = None  # images, true, pred, p(true)
         self.names = [str(k) for k in range(num_classes or 10)]  # set from the model's class_names in setup
+        self.drawing = True  # whether a TensorBoardLogger is there to draw in, set in setup (the same on every rank)
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self.drawing = tensorboard_logger(trainer) is not None
         n = self.num_classes or int(pl_module.hparams.get("num_classes", 10))
         if self.confusion.num_classes != n:
             self.confusion = MulticlassConfusionMatrix(n)
@@ -119,11 +117,11 @@ class TensorBoardImages(L.Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         if batch_idx == 0 and trainer.current_epoch == 0 and trainer.is_global_zero:
-            board = tensorboard(trainer)
+            board = tensorboard_logger(trainer)
             if board is not None:
                 x, y = batch
                 grid = image_grid(to_uint8(x[: self.samples]), [self.names[int(v)] for v in y[: self.samples]])
-                board.add_image("inputs/train_samples", grid, trainer.global_step, dataformats="HWC")
+                board.experiment.add_image("inputs/train_samples", grid, trainer.global_step, dataformats="HWC")
 
     def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.confusion = self.confusion.to(pl_module.device)
@@ -139,7 +137,7 @@ class TensorBoardImages(L.Callback):
         batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
-        if trainer.sanity_checking or not isinstance(outputs, dict) or "logits" not in outputs:
+        if not self.drawing or trainer.sanity_checking or not isinstance(outputs, dict) or "logits" not in outputs:
             return
         x, y = batch
         logits = outputs["logits"].float()
@@ -159,14 +157,14 @@ class TensorBoardImages(L.Callback):
         self._worst = tuple(t[keep] for t in candidates)
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.sanity_checking:
+        if not self.drawing or trainer.sanity_checking:
             return
         matrix = self.confusion.compute()  # reduced across ranks: every rank must call it
-        board = tensorboard(trainer)
+        board = tensorboard_logger(trainer)
         if not trainer.is_global_zero or board is None:
             return
         step = trainer.global_step
-        board.add_image("val/confusion_matrix", confusion_image(matrix, self.names), step, dataformats="HWC")
+        board.experiment.add_image("val/confusion_matrix", confusion_image(matrix, self.names), step, dataformats="HWC")
         if self._worst is not None:
             images, true, pred, p_true = self._worst
             # "true->predicted p(true)": ASCII, which PIL's built-in font draws (it has no arrow glyph)
@@ -174,4 +172,5 @@ class TensorBoardImages(L.Callback):
                 f"{self.names[t]}->{self.names[p]} {q:.2f}"
                 for t, p, q in zip(true.tolist(), pred.tolist(), p_true.tolist(), strict=True)
             ]
-            board.add_image("val/worst_misclassified", image_grid(to_uint8(images), captions), step, dataformats="HWC")
+            grid = image_grid(to_uint8(images), captions)
+            board.experiment.add_image("val/worst_misclassified", grid, step, dataformats="HWC")

@@ -144,7 +144,8 @@ class SuggestingParser(LightningArgumentParser):
             message = f"--{key}.{name}: {class_path} has no argument {name!r}.{hint} Its arguments: {listed}."
         elif message.startswith("unrecognized arguments:"):
             parser = getattr(ex, "subcommand_parser", None) or self
-            known = [o for o in parser._option_string_actions if o.startswith("--")]
+            # The options its --help lists (argparse keeps no public list of them); on this error path only.
+            known = sorted(set(re.findall(r"(?<![\w-])--[A-Za-z_][\w.\-]*", parser.format_help())))
             hints = []
             for token in message.split(":", 1)[1].split():
                 option = token.split("=", 1)[0]

@@ -68,6 +68,6 @@ class WarmupCosineLR(LRScheduler):
         super().load_state_dict(state_dict)
         if self.follows_trainer and horizon is not None:
             self.total_steps = horizon
-            self._last_lr = self.get_lr()
-            for group, lr in zip(self.optimizer.param_groups, self._last_lr, strict=True):
-                group["lr"] = lr
+            # step() is what sets the optimizer's rates and get_last_lr() from get_lr(): back one step, and again.
+            self.last_epoch -= 1
+            self.step()

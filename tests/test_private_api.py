@@ -23,8 +23,6 @@ PRIVATE = [
     # >>> lr_find
     ("lightning.pytorch.utilities.exceptions", "_TunerExitException", None),  # lr_find/report.py: train_after false
     # <<< lr_find
-    ("torch.optim.lr_scheduler:LRScheduler", "_last_lr", None),  # schedules.py
-    ("argparse:ArgumentParser", "_option_string_actions", None),  # mistakes.py: the options a parser knows
     ("argparse:HelpFormatter", "_get_help_string", ["self", "action"]),  # console.py: overridden, no "(default: None)"
     ("lightning.fabric.utilities.distributed", "_init_dist_connection",  # [elastic]
      ["cluster_environment", "torch_distributed_backend", "global_rank", "world_size", "kwargs"]),  # [elastic]
@@ -59,11 +57,6 @@ WHY = {
     # validation and the fit hooks.
     "_TunerExitException": "Lightning-AI/pytorch-lightning#11089",
     # <<< lr_find
-    # A schedule whose horizon changes on resume must set the rate get_last_lr() reports: load_state_dict does
-    # not recompute it (pytorch/pytorch#29697, #65342, open).
-    "_last_lr": "pytorch/pytorch#29697",
-    # argparse has no public list of a parser's option strings ("did you mean" needs them); no upstream thread.
-    "_option_string_actions": "no public route in argparse (Python 3.11-3.13)",
     # ArgumentDefaultsHelpFormatter writes "(default: None)" on required and unset options (python/cpython#112527,
     # fixed for required ones in 3.13 only; #95889 open); HelpFormatter's only documented API is its class names.
     "_get_help_string": "python/cpython#112527, python/cpython#95889",

@@ -26,9 +26,8 @@ class CLI(RunFolderCLI):
     as the measured default for this machine, and the network checked against the data before any run folder is
     made. ``RunFolderCLI`` (``runs.py``) keeps the run folders and says what went wrong."""
 
-    # Top-level keys (`--early_stopping.patience 5`, `--early_stopping null`): `--trainer.callbacks.patience`
-    # would change the last callback of the list instead. `checkpoint` before `last_checkpoint`: Lightning runs the
-    # ModelCheckpoints in this order, so last.ckpt records the best that the same validation has just saved.
+    # Top-level keys (`--early_stopping null`): `--trainer.callbacks.patience` would change the list's last callback.
+    # `checkpoint` saves before `last_checkpoint` (this order), so last.ckpt records the best it has just saved.
     NAMED_CALLBACKS: ClassVar[dict[str, type]] = {
         "checkpoint": ModelCheckpoint,
         "last_checkpoint": ModelCheckpoint,

@@ -67,6 +67,14 @@ def test_the_readme_is_short_and_every_link_between_the_pages_resolves():
             assert (ROOT / page).parent.joinpath(target).resolve().is_file(), f"{page} links to {target}"
 
 
+def test_the_reading_path_the_readme_lists_is_at_most_700_lines():
+    """The README, then the five files of "What `fit` does", in that order: a newcomer's whole read."""
+    files = re.findall(r"^\d\. `([^`]+)`", README, flags=re.MULTILINE)
+    assert [f.rsplit("/", 1)[-1] for f in files] == ["default.yaml", "net.py", "module.py", "data.py", "cli.py"]
+    lines = README.count("\n") + sum((ROOT / f).read_text().count("\n") for f in files)
+    assert lines <= 700, f"the reading path is {lines} lines: README and {files}"
+
+
 def test_every_page_a_config_comment_names_exists_and_none_points_into_the_readme():
     """The configs' comments send readers to pages: each page exists, and none to a README section (the README is
     short; its sections move)."""

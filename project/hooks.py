@@ -100,7 +100,7 @@ class StepsEvery(Protocol):
 
 
 @runtime_checkable
-class Monitors(Protocol):
+class StepsOnMetric(Protocol):
     """Stepped on a logged metric (``ReduceLROnPlateau``'s kind), e.g. ``"val/loss"``."""
 
     monitor: str

@@ -11,7 +11,7 @@ from torchmetrics import MaxMetric, MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from project.checkpointing import load_weights
-from project.hooks import FollowsTrainer, Monitors, StepsEvery
+from project.hooks import FollowsTrainer, StepsEvery, StepsOnMetric
 from project.inputs import example_input
 from project.net import CNN
 
@@ -130,7 +130,7 @@ class MNISTClassifier(L.LightningModule):
             scheduler.total_steps = int(self.trainer.estimated_stepping_batches)
         interval = scheduler.interval if isinstance(scheduler, StepsEvery) else self.scheduler_interval
         config = {"scheduler": scheduler, "interval": interval}
-        if isinstance(scheduler, Monitors):
+        if isinstance(scheduler, StepsOnMetric):
             config["monitor"] = scheduler.monitor
         return {"optimizer": optimizer, "lr_scheduler": config}
 

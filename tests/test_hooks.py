@@ -10,10 +10,10 @@ from torch.optim.lr_scheduler import StepLR
 from project.data import MNISTDataModule
 from project.hooks import (
     FollowsTrainer,
-    Monitors,
     NamesPredictInputs,
     StatesInputContract,
     StepsEvery,
+    StepsOnMetric,
     TakesASplit,
     TakesInputContract,
 )
@@ -28,9 +28,10 @@ def test_the_templates_own_datamodule_and_schedulers_implement_the_declared_hook
         assert isinstance(data, hook), hook.__name__
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
     cosine = WarmupCosineLR(optimizer)
-    assert isinstance(cosine, StepsEvery) and isinstance(cosine, FollowsTrainer) and not isinstance(cosine, Monitors)
-    assert isinstance(ReduceLROnPlateau(optimizer, monitor="val/loss"), Monitors)
-    assert not isinstance(StepLR(optimizer, step_size=1), StepsEvery | Monitors | FollowsTrainer)
+    assert isinstance(cosine, StepsEvery) and isinstance(cosine, FollowsTrainer)
+    assert not isinstance(cosine, StepsOnMetric)
+    assert isinstance(ReduceLROnPlateau(optimizer, monitor="val/loss"), StepsOnMetric)
+    assert not isinstance(StepLR(optimizer, step_size=1), StepsEvery | StepsOnMetric | FollowsTrainer)
 
 
 class Contracted:

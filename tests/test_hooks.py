@@ -103,7 +103,7 @@ def test_a_features_callback_keys_are_top_level_keys_that_go_with_its_folder(mon
 
 
 def test_a_features_default_callbacks_are_on_until_switched_off_and_go_with_its_folder(monkeypatch, capsys):
-    """A feature declares callbacks every run gets (hooks.AddsDefaultCallbacks, e.g. the monitors): each is a
+    """A feature declares callbacks every run gets (hooks.AddsDefaultCallbacks; here a Timer): each is a
     top-level key that is on with no word in the recipe, `--key null` switches it off, and without the folder the
     key is unknown."""
     import types

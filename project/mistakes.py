@@ -1,5 +1,5 @@
-"""What a mistake in a command's options prints: "did you mean", the Trainer option that cannot run here and where
-it was set, and none of Lightning's lines that the user can do nothing about. Used by ``cli.py`` only.
+"""What a mistake in a command's options prints: "did you mean", the Trainer option that cannot run here and what
+to use instead, and none of Lightning's lines that the user can do nothing about. Used by ``runs.py`` only.
 """
 
 import difflib
@@ -9,11 +9,9 @@ import logging
 import os
 import re
 import warnings
-from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningArgumentParser
 
@@ -69,30 +67,10 @@ def raised_by_lightning(exc: BaseException) -> bool:
     return tb is not None and "/lightning/" in tb.tb_frame.f_code.co_filename
 
 
-def option_source(argv: list[str], key: str) -> str | None:
-    """Where the last value of the dotted ``key`` in ``argv`` came from: a ``--config`` file, or the command line."""
-    source = None
-    top, _, rest = key.partition(".")
-    for i, arg in enumerate(argv):
-        if (arg in ("--config", "-c") and i + 1 < len(argv)) or arg.startswith("--config="):
-            path = arg.split("=", 1)[1] if "=" in arg else argv[i + 1]
-            try:
-                tree = yaml.safe_load(Path(path).read_text()) or {}
-            except (OSError, yaml.YAMLError):
-                continue
-            if isinstance(tree, dict) and isinstance(tree.get(top), dict) and rest in tree[top]:
-                source = path
-        elif arg == f"--{key}" or arg.startswith(f"--{key}="):
-            source = "the command line"
-    return source
-
-
-def explain_trainer_error(exc: BaseException, trainer: dict[str, Any], argv: list[str]) -> str:
-    """One line for a Trainer that cannot be built here: the option, where it was set, and what to use instead."""
+def explain_trainer_error(exc: BaseException, trainer: dict[str, Any]) -> str:
+    """One line for a Trainer that cannot be built here: the option and its value, and what to use instead."""
     accelerator = str(trainer.get("accelerator"))
     if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
-        where = option_source(argv, "trainer.accelerator")
-        by = f" (set by {where})" if where else ""
         instead = []
         if str(trainer.get("precision")) in ("16-mixed", "16", "16-true"):
             bf16 = "native bf16" if cpu_has_native_bf16() else "no native bf16: it would be emulated and slow"
@@ -103,16 +81,14 @@ def explain_trainer_error(exc: BaseException, trainer: dict[str, Any], argv: lis
             instead.append("configs/ddp_cpu.yaml for several processes on this CPU")
         use = "; ".join(instead) or "leave trainer.accelerator at auto (or set cpu)"
         return (
-            f"trainer.accelerator={accelerator!r}{by} needs a CUDA GPU, and this machine has none "
+            f"trainer.accelerator={accelerator!r} needs a CUDA GPU, and this machine has none "
             f"(`python -m project env` says what it has). Use instead: {use}."
         )
     message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    sources = {k: option_source(argv, f"trainer.{k}") for k in HARDWARE_KEYS}
-    named = [k for k in HARDWARE_KEYS if k in message.lower()] or [k for k in HARDWARE_KEYS if sources[k]]
-    named = [k for k in named if sources[k]] or named or ["accelerator"]  # what the user set, where Lightning says
-    options = ", ".join(
-        f"trainer.{k}={trainer.get(k)!r}" + (f" (set by {sources[k]})" if sources[k] else "") for k in named
-    )
+    # The options Lightning's message names, else those given a value (auto is what an unset one means).
+    given = [k for k in HARDWARE_KEYS if trainer.get(k) not in (None, "auto")]
+    named = [k for k in HARDWARE_KEYS if k in message.lower()] or given or ["accelerator"]
+    options = ", ".join(f"trainer.{k}={trainer.get(k)!r}" for k in named)
     return f"{options}: not available on this machine: {message} (`python -m project env` lists what it has)."
 
 

@@ -1,26 +1,21 @@
-"""The MNIST files on disk: the four IDX files torchvision reads, read and checked, and downloaded all or nothing.
+"""The MNIST files on disk: checked, read with torchvision's own IDX readers, and downloaded all or nothing.
 
 Not on the reading path: ``data.py`` uses it. Every problem is an ``MNISTDataError`` naming the file and the remedy.
 """
 
 import shutil
 import tempfile
-from math import prod
+from collections.abc import Callable
 from pathlib import Path
 
-import torch
 from torch import Tensor
 from torchvision.datasets import MNIST
+from torchvision.datasets.mnist import read_image_file, read_label_file
 
 from project.errors import DataError
 
-# The four IDX files torchvision reads from <data_dir>/<class name>/raw/, with their dimensionality.
-IDX_FILES = {
-    "train-images-idx3-ubyte": 3,
-    "train-labels-idx1-ubyte": 1,
-    "t10k-images-idx3-ubyte": 3,
-    "t10k-labels-idx1-ubyte": 1,
-}
+# The four IDX files torchvision reads from <data_dir>/<class name>/raw/.
+IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 
 
 def how_to_provide(folder: str = "MNIST") -> str:
@@ -35,43 +30,28 @@ class MNISTDataError(DataError):
     """The MNIST files are missing, cannot be downloaded, or are malformed."""
 
 
-def read_idx(path: Path, ndim: int) -> Tensor:
-    """Read an uint8 IDX file, checking its header and length against each other.
-
-    Args:
-        path: The IDX file.
-        ndim: Expected number of dimensions (3 for images, 1 for labels).
-
-    Returns:
-        A uint8 tensor of the shape the header gives.
+def read_idx(path: Path, reader: Callable[[str], Tensor]) -> Tensor:
+    """``reader(path)`` (torchvision's ``read_image_file`` or ``read_label_file``), its failure named with the file.
 
     Raises:
-        MNISTDataError: naming the file, if it is not a uint8 IDX file of ``ndim`` dimensions or is truncated.
+        MNISTDataError: naming the file, when its header is not a uint8 IDX one of the right rank (torchvision
+            asserts) or the file is shorter than its header promises (the reshape fails).
     """
-    data = path.read_bytes()
-    header = 4 * (1 + ndim)
-    # Magic number: two zero bytes, the element type (0x08 = uint8), the number of dimensions.
-    if len(data) < header or data[:4] != bytes([0, 0, 0x08, ndim]):
+    try:
+        return reader(str(path))
+    except Exception as exc:
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else "bad magic number"
         raise MNISTDataError(
-            f"{path} is not a uint8 IDX file with {ndim} dimension(s) (bad header). "
-            f"Replace it with the original file. {how_to_provide(path.parent.parent.name)}"
-        )
-    shape = [int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
-    expected = header + prod(shape)
-    if len(data) != expected:
-        raise MNISTDataError(
-            f"{path} is truncated or corrupt: its header promises shape {tuple(shape)} ({expected} bytes) "
-            f"but the file has {len(data)} bytes. Replace it with the original MNIST file."
-        )
-    return torch.frombuffer(bytearray(data), dtype=torch.uint8, offset=header).view(*shape)
+            f"{path} is truncated or has a bad header ({type(exc).__name__}: {why}). Replace it with the original "
+            f"file. {how_to_provide(path.parent.parent.name)}"
+        ) from exc
 
 
 def load_split(raw_dir: Path, prefix: str) -> tuple[Tensor, Tensor]:
     """Read and cross-check one split (``prefix`` "train" or "t10k"): images (N, 28, 28) uint8, labels (N,) int64."""
     images_path = raw_dir / f"{prefix}-images-idx3-ubyte"
     labels_path = raw_dir / f"{prefix}-labels-idx1-ubyte"
-    images = read_idx(images_path, 3)
-    labels = read_idx(labels_path, 1).long()
+    images, labels = read_idx(images_path, read_image_file), read_idx(labels_path, read_label_file)
     if images.shape[0] != labels.shape[0]:
         raise MNISTDataError(
             f"{images_path} holds {images.shape[0]} images but {labels_path} holds {labels.shape[0]} labels."

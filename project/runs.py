@@ -435,7 +435,7 @@ class RunFolderCLI(LightningCLI):
             # the user gave the option, so name it. Errors raised elsewhere (our code, a bug) keep their traceback.
             if not isinstance(exc, MisconfigurationException) and not raised_by_lightning(exc):
                 raise
-            raise TrainerConfigError(explain_trainer_error(exc, {**config.trainer, **kwargs}, self.argv)) from exc
+            raise TrainerConfigError(explain_trainer_error(exc, {**config.trainer, **kwargs})) from exc
         if trainer.log_dir is not None and not Path(trainer.log_dir).exists():
             self.new_folder = Path(trainer.log_dir)
         if self.subcommand is not None:

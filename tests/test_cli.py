@@ -292,12 +292,14 @@ needs_no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="about a mac
     [
         (
             ["--config", "configs/16-mixed.yaml"],
-            "(set by configs/16-mixed.yaml) needs a CUDA GPU, and this machine has none",
+            "trainer.accelerator='gpu' needs a CUDA GPU, and this machine has none "
+            "(`python -m project env` says what it has). "
+            "Use instead: configs/bf16-mixed.yaml on a CPU with native bf16",
         ),
         (["--config", "configs/ddp.yaml"], "Use instead: configs/ddp_cpu.yaml for several processes on this CPU"),
-        (["--trainer.accelerator", "gpu"], "trainer.accelerator='gpu' (set by the command line) needs a CUDA GPU"),
-        (["--trainer.accelerator", "mps"], "trainer.accelerator='mps' (set by the command line): not available on"),
-        (["--trainer.devices", "0"], "trainer.devices='0' (set by the command line): not available on this machine"),
+        (["--trainer.accelerator", "gpu"], "trainer.accelerator='gpu' needs a CUDA GPU"),
+        (["--trainer.accelerator", "mps"], "trainer.accelerator='mps': not available on"),
+        (["--trainer.devices", "0"], "trainer.devices='0': not available on this machine"),
     ],
 )
 def test_a_trainer_option_this_machine_cannot_run_is_one_error_line_naming_it(

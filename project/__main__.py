@@ -26,7 +26,6 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "validate": ("cli", "validate", "Run the validation split on a checkpoint"),
     "test": ("cli", "test", "Run the test split on a checkpoint"),
     "predict": ("cli", "predict", "Write predictions (CSV) for a split or a folder of your own images"),
-    "env": ("env", "main", "Versions, devices, bf16/TF32 support and the precision picked on this machine"),
 }
 PACKAGE = __package__ or "project"  # the package_name of a copy
 

@@ -71,7 +71,7 @@ class CLI(RunFolderCLI):
         if self.config.fit.test_after_fit:
             checkpoint = self.trainer.checkpoint_callback
             best = checkpoint.best_model_path if isinstance(checkpoint, ModelCheckpoint) else ""
-            results = self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path="best" if best else None)
+            results = self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best or None)
             metrics["test/acc"] = results[0]["test/acc"]
         hparams_summary(self.trainer, self.model, self.datamodule, metrics)
 

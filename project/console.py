@@ -1,25 +1,11 @@
-"""The console conventions of every command: ``--help`` with defaults, the program's name, a fast exit.
+"""The console conventions of every command: the program's name and a fast exit.
 
-Light on purpose (no torch, no Lightning): ``__main__.py`` and each feature's ``--help`` answer at once.
+Light on purpose (no torch, no Lightning): ``__main__.py`` imports it before the command is known.
 """
 
-import argparse
 import gc
 import sys
 from pathlib import Path
-
-
-class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """``--help`` of the template's own commands: the module docstring as written, and each option's default.
-
-    argparse's ``ArgumentDefaultsHelpFormatter`` also writes "(default: None)" on every required or unset option; no
-    public hook leaves those out, so this overrides the private ``_get_help_string`` (fenced in test_private_api).
-    """
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        shown = action.default not in (None, argparse.SUPPRESS) and not action.required and action.option_strings
-        return f"{text} (default: %(default)s)" if shown and "%(default)" not in text else text
 
 
 def prog_name() -> str:

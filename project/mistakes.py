@@ -81,15 +81,15 @@ def explain_trainer_error(exc: BaseException, trainer: dict[str, Any]) -> str:
             instead.append("configs/ddp_cpu.yaml for several processes on this CPU")
         use = "; ".join(instead) or "leave trainer.accelerator at auto (or set cpu)"
         return (
-            f"trainer.accelerator={accelerator!r} needs a CUDA GPU, and this machine has none "
-            f"(`python -m project env` says what it has). Use instead: {use}."
+            f"trainer.accelerator={accelerator!r} needs a CUDA GPU, and torch sees none on this machine. Use "
+            f"instead: {use}."
         )
     message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     # The options Lightning's message names, else those given a value (auto is what an unset one means).
     given = [k for k in HARDWARE_KEYS if trainer.get(k) not in (None, "auto")]
     named = [k for k in HARDWARE_KEYS if k in message.lower()] or given or ["accelerator"]
     options = ", ".join(f"trainer.{k}={trainer.get(k)!r}" for k in named)
-    return f"{options}: not available on this machine: {message} (`python -m project env` lists what it has)."
+    return f"{options}: not available on this machine: {message}"
 
 
 # jsonargparse's error for an argument a class_path's class does not take (its wording in 4.53).

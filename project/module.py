@@ -117,9 +117,8 @@ class MNISTClassifier(L.LightningModule):
 
     def configure_optimizers(self) -> Any:
         params = self.parameters()
-        optimizer: torch.optim.Optimizer
         if self.optimizer is None:
-            optimizer = torch.optim.AdamW(params, lr=1e-3, weight_decay=1e-4)
+            optimizer: torch.optim.Optimizer = torch.optim.AdamW(params, lr=1e-3, weight_decay=1e-4)
         else:
             optimizer = self.optimizer(params)
         if self.scheduler is None:

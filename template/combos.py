@@ -41,6 +41,7 @@ WORDS = {
     "folder": [r"imagefolder", r"folder\.(?:yaml|py|md)\b", r"\w/folder\b", r"\.folder\.data\b"],
     "cv": [r"\bcv\b", r"cross-validation", r"k-fold", r"\bkfold\b", r"cv\.(?:md|sbatch)\b"],
     "lr_find": [r"lr_find", r"learning-rate finder", r"range test", r"LearningRateReport", r"TunerExit"],
+    "env": [r"-m \w+ env\b", r"\benv(?:/|\.md\b)", r"test_env\b", r"\benv\.report\b"],
     "monitors": [
         r"LayerHistograms",
         r"TensorBoardImages",

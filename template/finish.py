@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 
 FEATURES = (
-    *("serve", "tune", "export", "elastic", "folder", "cv", "lr_find"),
+    *("serve", "tune", "export", "elastic", "folder", "cv", "lr_find", "env"),
     *("monitors", "track", "notebooks", "slurm", "github", "container"),
 )
 # Features that were part of the core in earlier versions of the template. An update keeps the features recorded in
@@ -41,6 +41,7 @@ FEATURES = (
 SPLIT_FROM_THE_CORE = {
     "lr_find": "the learning-rate range test, configs/lr_find.yaml",
     "monitors": "TensorBoard images, weight/gradient histograms and throughput in every run",
+    "env": "the env command: versions, devices and the precision picked on this machine",
 }
 TEMPLATE_ONLY = "template"
 TEXT_SUFFIXES = {".py", ".yaml", ".yml", ".toml", ".md", ".ipynb", ".cfg", ".txt", ".lock", ".sh", ".html", ".sbatch"}

@@ -4,8 +4,8 @@ from types import SimpleNamespace
 
 import torch
 
-from project import env
 from project.__main__ import cli_main
+from project.env import report as env
 from project.hardware import cpu_has_native_bf16, recommended_precision
 
 

@@ -24,7 +24,6 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from project.console import HelpFormatter
 from project.cv.folds import KFold
 from project.writer import numbered
 
@@ -34,12 +33,20 @@ VAL_ACC, VAL_LOSS, TEST_ACC = "val/acc", "val/loss", "test/acc"
 
 def build_parser() -> argparse.ArgumentParser:
     """cv's own options; everything else on the command line is a ``fit`` option."""
-    parser = argparse.ArgumentParser(prog="python -m project cv", description=__doc__, formatter_class=HelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m project cv", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--folds", type=int, required=True, help="K: the number of folds, at least 2")
-    parser.add_argument("--test", action="store_true", help="also test each fold's best checkpoint on the test set")
+    parser.add_argument(
+        "--test",
+        action="store_true",
+        help="also test each fold's best checkpoint on the test set (default: %(default)s)",
+    )
     alone = parser.add_mutually_exclusive_group()
     alone.add_argument("--fold", type=int, help="run only this fold (0 to K-1), e.g. one per job of an array")
-    alone.add_argument("--summarize", action="store_true", help="run no fold: summarize the finished ones")
+    alone.add_argument(
+        "--summarize", action="store_true", help="run no fold: summarize the finished ones (default: %(default)s)"
+    )
     return parser
 
 

@@ -22,7 +22,6 @@ import yaml
 from torch import Tensor, nn
 
 from project.checkpointing import load_checkpoint
-from project.console import HelpFormatter
 from project.errors import UserError
 from project.export.checks import CheckData, check_data
 from project.export.quantize import quantize_dynamic_onnx, quantize_static_onnx
@@ -258,7 +257,7 @@ def compare_accuracy(fp32: Path, int8: Path, checks: CheckData | None) -> dict[s
 def build_parser() -> argparse.ArgumentParser:
     """The command's options (also what the README test parses its documented commands with)."""
     parser = argparse.ArgumentParser(
-        prog="python -m project export", description=__doc__, formatter_class=HelpFormatter
+        prog="python -m project export", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--ckpt_path", required=True, help="checkpoint written by fit")
     parser.add_argument("--format", choices=list(EXPORTERS), required=True, help="what to write")
@@ -268,16 +267,31 @@ def build_parser() -> argparse.ArgumentParser:
         choices=QUANTIZE,
         help="onnx int8: static (whole network, calibrated on training images) or dynamic / int8 (Linear weights)",
     )
-    parser.add_argument("--per_channel", action="store_true", help="static: one weight scale per output channel")
-    parser.add_argument("--calibration_images", type=int, default=512, help="static: training images to calibrate")
     parser.add_argument(
-        "--quant_format", choices=["auto", "qdq", "qoperator"], default="auto", help="static: auto picks by the CPU"
+        "--per_channel", action="store_true", help="static: one weight scale per output channel (default: %(default)s)"
     )
     parser.add_argument(
-        "--max_drop", type=float, default=0.5, help="refuse an int8 model more than this many points below fp32"
+        "--calibration_images",
+        type=int,
+        default=512,
+        help="static: training images to calibrate (default: %(default)s)",
     )
     parser.add_argument(
-        "--all_layers", action="store_true", help="static: quantize the first convolution too (slower, measured)"
+        "--quant_format",
+        choices=["auto", "qdq", "qoperator"],
+        default="auto",
+        help="static: auto picks by the CPU (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max_drop",
+        type=float,
+        default=0.5,
+        help="refuse an int8 model more than this many points below fp32 (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--all_layers",
+        action="store_true",
+        help="static: quantize the first convolution too (slower, measured) (default: %(default)s)",
     )
     parser.add_argument(
         "--data_dir", help="where the checkpoint's MNIST is, if not where it was trained (folder holding MNIST/raw/)"
@@ -287,10 +301,15 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="an argument of the checkpoint's DataModule for the checks, e.g. --data root=my_data (repeatable)",
+        help="an argument of the checkpoint's DataModule for the checks, e.g. --data root=my_data (repeatable) "
+        "(default: %(default)s)",
     )
-    parser.add_argument("--samples", type=int, default=256, help="test images for the parity check")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing output file")
+    parser.add_argument(
+        "--samples", type=int, default=256, help="test images for the parity check (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace an existing output file (default: %(default)s)"
+    )
     return parser
 
 

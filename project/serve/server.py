@@ -42,7 +42,6 @@ from fastapi import Depends, HTTPException, Request
 from starlette.requests import ClientDisconnect
 from starlette.routing import Route
 
-from project.console import HelpFormatter
 from project.images import BlankImage, ImageTooLarge
 from project.serve.lifetime import AnswerWithin, Heartbeat, end_with_parent, forks_end_with_this_process
 
@@ -427,57 +426,92 @@ def run(args: argparse.Namespace, served: dict[str, Any], key: str | None = None
 
 def build_parser() -> argparse.ArgumentParser:
     """The command's options (also what the README test parses its documented commands with)."""
-    parser = argparse.ArgumentParser(prog="python -m project serve", description=__doc__, formatter_class=HelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m project serve", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--ckpt_path", help="checkpoint written by fit (loaded with the safe loader)")
     source.add_argument("--model", help="ONNX file written by `python -m project export` (fp32 or int8)")
-    parser.add_argument("--host", default="127.0.0.1", help="127.0.0.1 (this machine only), 0.0.0.0 or ::")
-    parser.add_argument("--port", type=int, default=8000, help="TCP port, 1024-65535")
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="127.0.0.1 (this machine only), 0.0.0.0 or :: (default: %(default)s)"
+    )
+    parser.add_argument("--port", type=int, default=8000, help="TCP port, 1024-65535 (default: %(default)s)")
     parser.add_argument(
         "--max_batch_size",
         type=int,
         default=8,
-        help="most requests run through the model at once (measured: 8 and 32 close)",
+        help="most requests run through the model at once (measured: 8 and 32 close) (default: %(default)s)",
     )
     parser.add_argument(
-        "--batch_timeout", type=float, default=0.001, help="seconds a worker waits for a batch to fill (measured)"
+        "--batch_timeout",
+        type=float,
+        default=0.001,
+        help="seconds a worker waits for a batch to fill (measured) (default: %(default)s)",
     )
-    parser.add_argument("--workers", type=int, default=1, help="inference worker processes per device")
-    parser.add_argument("--threads", type=int, default=1, help="torch / onnxruntime threads per inference worker")
+    parser.add_argument(
+        "--workers", type=int, default=1, help="inference worker processes per device (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch / onnxruntime threads per inference worker (default: %(default)s)"
+    )
     parser.add_argument(
         "--worker_nice",
         type=int,
         default=10,
-        help="inference workers run this much below the HTTP servers' CPU priority, 0-19 (measured: 10 cuts the tail)",
+        help="inference workers run this much below the HTTP servers' CPU priority, 0-19 (measured: 10 cuts the "
+        "tail) (default: %(default)s)",
     )
     parser.add_argument(
-        "--api_servers", type=int, default=2, help="HTTP server processes: they decode the images (measured: 2)"
+        "--api_servers",
+        type=int,
+        default=2,
+        help="HTTP server processes: they decode the images (measured: 2) (default: %(default)s)",
     )
     parser.add_argument(
         "--fast_queue",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="requests over a pipe, answers over ZeroMQ, not LitServe's Manager queues (measured: 1.3-1.6x req/s)",
+        help="requests over a pipe, answers over ZeroMQ, not LitServe's Manager queues (measured: 1.3-1.6x req/s) "
+        "(default: %(default)s)",
     )
-    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="where the model runs")
-    parser.add_argument("--max_body_mb", type=float, default=10, help="refuse request bodies larger than this (413)")
     parser.add_argument(
-        "--max_pixels", type=int, default=25_000_000, help="refuse images with more pixels (decompression bombs, 413)"
+        "--device", choices=["auto", "cpu", "cuda"], default="auto", help="where the model runs (default: %(default)s)"
     )
-    parser.add_argument("--timeout", type=float, default=30, help="seconds a request may wait for its answer (504)")
-    parser.add_argument("--grace", type=float, default=10, help="seconds SIGTERM waits for requests in flight")
+    parser.add_argument(
+        "--max_body_mb",
+        type=float,
+        default=10,
+        help="refuse request bodies larger than this (413) (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max_pixels",
+        type=int,
+        default=25_000_000,
+        help="refuse images with more pixels (decompression bombs, 413) (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=30,
+        help="seconds a request may wait for its answer (504) (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--grace", type=float, default=10, help="seconds SIGTERM waits for requests in flight (default: %(default)s)"
+    )
     parser.add_argument(
         "--page",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="GET / answers a page to draw a digit on (--no-page: an API-only server)",
+        help="GET / answers a page to draw a digit on (--no-page: an API-only server) (default: %(default)s)",
     )
     parser.add_argument(
         "--api_key_file",
         help="a file whose first line is the key callers must send as X-API-Key (default: $LIT_SERVER_API_KEY; "
         "unset: no key); /health and the page stay open",
     )
-    parser.add_argument("--log_level", default="warning", help="uvicorn's: info also logs every request")
+    parser.add_argument(
+        "--log_level", default="warning", help="uvicorn's: info also logs every request (default: %(default)s)"
+    )
     return parser
 
 

@@ -29,7 +29,6 @@ from typing import Any
 import lightning as L
 import yaml
 
-from project.console import HelpFormatter
 from project.errors import UserError
 
 try:
@@ -270,19 +269,32 @@ def storage_for(url: str | None, root: Path, study: str, heartbeat: int) -> Any:
 
 def build_parser() -> argparse.ArgumentParser:
     """tune's own options; everything else on the command line is a ``fit`` option."""
-    parser = argparse.ArgumentParser(prog="python -m project tune", description=__doc__, formatter_class=HelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m project tune", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--search", required=True, help="YAML search space keyed by CLI keys (configs/search.yaml)")
-    parser.add_argument("--trials", type=int, default=12, help="trials this study should have completed or pruned")
+    parser.add_argument(
+        "--trials",
+        type=int,
+        default=12,
+        help="trials this study should have completed or pruned (default: %(default)s)",
+    )
     parser.add_argument("--timeout", type=float, help="stop starting trials after this many seconds")
-    parser.add_argument("--study", default="tune", help="study name: its runs go to <save_dir>/<study>/")
+    parser.add_argument(
+        "--study", default="tune", help="study name: its runs go to <save_dir>/<study>/ (default: %(default)s)"
+    )
     parser.add_argument("--storage", help="Optuna storage URL (default: sqlite under <save_dir>), or journal:<file>")
-    parser.add_argument("--metric", default="val/acc", help="what a trial is judged on, each epoch")
+    parser.add_argument(
+        "--metric", default="val/acc", help="what a trial is judged on, each epoch (default: %(default)s)"
+    )
     parser.add_argument("--direction", choices=["maximize", "minimize"], default="maximize")
     parser.add_argument("--pruner", choices=["median", "hyperband", "none"], default="median")
     parser.add_argument(
         "--seed", type=int, help="sampler seed, plus the study's trial count at start (default: a new one per process)"
     )
-    parser.add_argument("--heartbeat", type=int, default=60, help="seconds between a running trial's heartbeats")
+    parser.add_argument(
+        "--heartbeat", type=int, default=60, help="seconds between a running trial's heartbeats (default: %(default)s)"
+    )
     return parser
 
 

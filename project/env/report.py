@@ -8,7 +8,6 @@ from typing import Any
 
 import torch
 
-from project.console import HelpFormatter
 from project.hardware import cpu_has_native_bf16, recommended_precision
 
 PACKAGES = ("torch", "torchvision", "lightning", "torchmetrics")
@@ -82,9 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m project env",
         description=__doc__,
-        formatter_class=HelpFormatter,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text (default: %(default)s)")
     return parser
 
 

@@ -5,8 +5,8 @@
 
 Variants, each run in its own process so that start-up, memory and threads do not leak between them:
   (a) baseline: benchmarks/baseline_loop.py, the tutorial loop (PIL + 2 workers, fp32, batch 64, Adam).
-  (b) template, baseline settings: same data path, fp32, NCHW, batch 64, Adam 1e-3, no scheduler or clipping,
-      so (b)/(a) is the cost of Lightning itself.
+  (b) template, baseline settings: same data path (pil_data.py), fp32, NCHW, batch 64, Adam 1e-3, no scheduler
+      or clipping, so (b)/(a) is the cost of Lightning itself.
   (c) template, configs/default.yaml as shipped.
   (d) configs/fast.yaml: a full fit, then test on the best checkpoint; time to >= 99% test accuracy, the whole
       process's wall time, and the fixed cost from the start of the process to the first training step.
@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = str(ROOT / "configs" / "default.yaml")
 FAST = str(ROOT / "configs" / "fast.yaml")
 BASELINE_SETTINGS = [
-    "--data.in_memory=false",
+    "--data=benchmarks.pil_data.PILMNISTDataModule",  # the baseline's per-image PIL path (pil_data.py)
     "--data.num_workers=2",
     "--data.batch_size=64",
     "--trainer.precision=32-true",
@@ -55,6 +55,8 @@ def child(result_path: str, warmup: int, test: bool, started: float, cli_args: l
     import torch
 
     from project.cli import run
+
+    sys.path.insert(0, str(ROOT))  # (b)'s DataModule, benchmarks.pil_data: ROOT is where `python -m` finds it
 
     class StepTimer(L.Callback):
         """Timestamps of each training batch's start (after the fetch) and end (after the optimizer step)."""

@@ -1,16 +1,14 @@
-"""Batches of images held in memory: a dataset of two tensors gathered a batch at a time, the per-image PIL path
-it replaces (``in_memory=False``), and the random shifts and rotations applied to a batch on its device.
+"""Batches of images held in memory: a dataset of two tensors gathered a batch at a time, and the random shifts and
+rotations applied to a batch on its device.
 
 Not on the reading path: ``data.py`` and the ``folder`` feature's DataModule use it.
 """
 
 import math
-from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from PIL import Image
 from torch import Tensor
 from torch.utils.data import Dataset
 
@@ -44,25 +42,6 @@ def keep_batch(batch: Any) -> Any:
     """Collate function for ``InMemoryDataset``: ``__getitems__`` already returns the batch, (images (B, C, H, W),
     labels (B,)) or images alone."""
     return batch
-
-
-class PILImageDataset(Dataset):
-    """Images (N, H, W) uint8 with labels (N,), each image passed through a torchvision transform as a PIL image.
-
-    This is what ``torchvision.datasets.MNIST`` does per item (minus re-reading the files): the slow, general path.
-    """
-
-    def __init__(self, images: Tensor, labels: Tensor | None, transform: Callable[[Image.Image], Tensor]) -> None:
-        self.images = images
-        self.labels = labels
-        self.transform = transform
-
-    def __len__(self) -> int:
-        return len(self.images)
-
-    def __getitem__(self, index: int) -> tuple[Tensor, int] | Tensor:
-        x = self.transform(Image.fromarray(self.images[index].numpy(), mode="L"))
-        return x if self.labels is None else (x, int(self.labels[index]))
 
 
 def random_shift_rotate(x: Tensor, *, background: float, max_shift: float = 2.0, max_degrees: float = 10.0) -> Tensor:

@@ -8,10 +8,9 @@ import lightning as L
 import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Subset
-from torchvision import transforms
 from torchvision.datasets import KMNIST, MNIST, FashionMNIST
 
-from project.batches import InMemoryDataset, PILImageDataset, keep_batch, random_shift_rotate
+from project.batches import InMemoryDataset, keep_batch, random_shift_rotate
 from project.images import load_folder, normalize
 from project.inputs import InputContract
 from project.mnist_files import MNISTDataError, check_files, ensure_files, load_split
@@ -38,7 +37,6 @@ class MNISTDataModule(L.LightningDataModule):
         seed: Seed of the train/val split (independent of the global seed).
         predict_split: Which split ``predict`` runs on.
         download: Download the files in ``prepare_data`` when they are missing.
-        in_memory: One uint8 tensor, whole batches normalised on the device (fast); ``False``: per-image PIL.
         augment: Random shifts (±2 px) and rotations (±10°) of training batches, on the device.
         predict_dir: A folder of your own digit images for ``predict``, made MNIST-like (``images.py``);
             undecodable files are reported and skipped. Overrides ``predict_split``.
@@ -57,7 +55,6 @@ class MNISTDataModule(L.LightningDataModule):
         seed: int = 42,
         predict_split: Literal["train", "val", "test"] = "test",
         download: bool = True,
-        in_memory: bool = True,
         augment: bool = False,
         predict_dir: str | None = None,
     ) -> None:
@@ -74,7 +71,7 @@ class MNISTDataModule(L.LightningDataModule):
         self.torchvision_class, self.mean, self.std = DATASETS[dataset]
         self.batch_size, self.num_workers, self.pin_memory = batch_size, num_workers, pin_memory
         self.val_size, self.seed = val_size, seed
-        self.predict_split, self.download, self.in_memory, self.augment = predict_split, download, in_memory, augment
+        self.predict_split, self.download, self.augment = predict_split, download, augment
         self.predict_dir = Path(predict_dir) if predict_dir is not None else None
         # Set by setup("predict") with predict_dir: the image of each prediction, and the undecodable files.
         self.predict_files: list[Path] = []
@@ -125,11 +122,8 @@ class MNISTDataModule(L.LightningDataModule):
         """Train on the ``train`` images of the training set and validate on the ``val`` ones."""
         self.splits.update(train=Subset(self.full, train.tolist()), val=Subset(self.full, val.tolist()))
 
-    def _dataset(self, images: Tensor, labels: Tensor | None) -> InMemoryDataset | PILImageDataset:
-        if self.in_memory:
-            return InMemoryDataset(images, labels)  # normalised a batch at a time in on_after_batch_transfer
-        transform = transforms.Compose([transforms.ToTensor(), transforms.Normalize((self.mean,), (self.std,))])
-        return PILImageDataset(images, labels, transform)
+    def _dataset(self, images: Tensor, labels: Tensor | None) -> Dataset:
+        return InMemoryDataset(images, labels)  # uint8, normalised a batch at a time in on_after_batch_transfer
 
     def _loader(self, split: str, shuffle: bool = False) -> DataLoader:
         return DataLoader(
@@ -139,7 +133,7 @@ class MNISTDataModule(L.LightningDataModule):
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
             persistent_workers=self.num_workers > 0,
-            collate_fn=keep_batch if self.in_memory else None,
+            collate_fn=keep_batch,  # InMemoryDataset.__getitems__ gives the batch
         )
 
     def train_dataloader(self) -> DataLoader:
@@ -171,8 +165,8 @@ class MNISTDataModule(L.LightningDataModule):
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Normalise (and, when training with ``augment``, shift/rotate) in-memory batches on their device."""
         x, y = (batch, None) if isinstance(batch, Tensor) else batch
-        if x.dtype == torch.uint8:
-            x = normalize(x.unsqueeze(1), (self.mean,), (self.std,))  # (B, H, W) -> (B, 1, H, W)
+        if x.dtype == torch.uint8:  # not the model summary's example input, float (1, C, H, W), passed through here
+            x = normalize(x.unsqueeze(1), (self.mean,), (self.std,))  # uint8 (B, H, W) -> float (B, 1, H, W)
         if self.augment and self.trainer is not None and self.trainer.training:
             x = random_shift_rotate(x, background=-self.mean / self.std)
         return x if y is None else (x, y)

@@ -23,6 +23,7 @@ import math
 import secrets
 import socket
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -154,7 +155,9 @@ def check_fit(space: dict[str, dict[str, Any]], fit_args: list[str], search: str
     return Path(loggers[0].save_dir if loggers and loggers[0].save_dir else "logs")
 
 
-RETRY = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=3)
+with warnings.catch_warnings():  # experimental in Optuna 4 and chosen here: not for the user of --help to act on
+    warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+    RETRY = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=3)
 
 
 def this_process(trial: int) -> dict[str, Any]:

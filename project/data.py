@@ -165,7 +165,7 @@ class MNISTDataModule(L.LightningDataModule):
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Normalise (and, when training with ``augment``, shift/rotate) in-memory batches on their device."""
         x, y = (batch, None) if isinstance(batch, Tensor) else batch
-        if x.dtype == torch.uint8:  # not the model summary's example input, float (1, C, H, W), passed through here
+        if x.dtype == torch.uint8:  # the model summary's example input, float (1, C, H, W), comes through here too
             x = normalize(x.unsqueeze(1), (self.mean,), (self.std,))  # uint8 (B, H, W) -> float (B, 1, H, W)
         if self.augment and self.trainer is not None and self.trainer.training:
             x = random_shift_rotate(x, background=-self.mean / self.std)

@@ -39,15 +39,8 @@ class PILMNISTDataModule(MNISTDataModule):
         transform = transforms.Compose([transforms.ToTensor(), transforms.Normalize((self.mean,), (self.std,))])
         return PILImageDataset(images, labels, transform)
 
-    def _loader(self, split: str, shuffle: bool = False) -> DataLoader:
-        return DataLoader(
-            self.splits[split],
-            batch_size=self.batch_size,
-            shuffle=shuffle,
-            num_workers=self.num_workers,
-            pin_memory=self.pin_memory,
-            persistent_workers=self.num_workers > 0,
-        )
+    def _loader(self, split: str, shuffle: bool = False, collate_fn: Callable | None = None) -> DataLoader:
+        return super()._loader(split, shuffle, collate_fn)  # None: the DataLoader's default, item by item
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         return batch  # normalised per image already

@@ -1,6 +1,7 @@
 """MNIST as a LightningDataModule: files checked up front, a seeded train/val split, the test set for predict."""
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -125,7 +126,7 @@ class MNISTDataModule(L.LightningDataModule):
     def _dataset(self, images: Tensor, labels: Tensor | None) -> Dataset:
         return InMemoryDataset(images, labels)  # uint8, normalised a batch at a time in on_after_batch_transfer
 
-    def _loader(self, split: str, shuffle: bool = False) -> DataLoader:
+    def _loader(self, split: str, shuffle: bool = False, collate_fn: Callable | None = keep_batch) -> DataLoader:
         return DataLoader(
             self.splits[split],
             batch_size=self.batch_size,
@@ -133,7 +134,7 @@ class MNISTDataModule(L.LightningDataModule):
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
             persistent_workers=self.num_workers > 0,
-            collate_fn=keep_batch,  # InMemoryDataset.__getitems__ gives the batch
+            collate_fn=collate_fn,  # keep_batch: InMemoryDataset.__getitems__ already gives the batch
         )
 
     def train_dataloader(self) -> DataLoader:
